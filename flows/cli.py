@@ -1,0 +1,131 @@
+"""The ``didpo`` command line (typer): run the pipeline, one stage, the nightly deployment, or find the UIs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from flows.env import setup_environment
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+STAGES = ("prepare",)  # in graph order; each is a module flows/<name>.py whose `run` is the stage's flow
+
+
+def _stage_flow(name: str):
+    import importlib
+
+    return importlib.import_module(f"flows.{name}").run
+
+
+@contextmanager
+def _prefect_api():
+    """One Prefect API for a whole run: the user's (``PREFECT_API_URL``) or one local server started here.
+
+    Stage processes inherit ``PREFECT_API_URL``, so every stage flow run lands in the same database and UI, and no
+    temporary server is started per stage.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = SubprocessASGIServer()
+    server.start(timeout=120)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+@app.command()
+def run(
+    stages: str = typer.Option("", help="Comma-separated stage names to run (default: the whole dvc.yaml graph)."),
+    push: bool = typer.Option(True, help="dvc push the outputs to the default remote at the end."),
+    params: Path = typer.Option(Path("params.yaml"), help="The params file."),
+) -> None:
+    """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API."""
+    setup_environment()
+    from flows.pipeline import StageFailed, pipeline
+    from tasks.config import ConfigError, load_params
+
+    try:
+        load_params(params)
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    selected = [s.strip() for s in stages.split(",") if s.strip()] or None
+    with _prefect_api() as api_url:
+        typer.echo(f"pipeline: Prefect API {api_url}")
+        try:
+            ran = pipeline(stages=selected, push=push, params_path=str(params))
+        except StageFailed as exc:
+            typer.secho(f"pipeline stopped: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+    typer.echo(f"pipeline: done ({', '.join(ran)}). See `didpo ui` to browse the runs.")
+
+
+@app.command()
+def stage(
+    name: str = typer.Argument(..., help="The stage to run (as named in dvc.yaml)."),
+    params: Path = typer.Option(Path("params.yaml"), help="The params file."),
+) -> None:
+    """Run one stage's Prefect flow (this is each dvc.yaml stage's ``cmd``)."""
+    setup_environment()
+    if name not in STAGES:
+        typer.secho(f"unknown stage '{name}'; stages: {', '.join(STAGES)}", fg="red", err=True)
+        raise typer.Exit(2)
+    from tasks.config import ConfigError
+
+    try:
+        _stage_flow(name)(params_path=str(params))
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # a stage's own readable failure (validation, gate) ends the process non-zero
+        typer.secho(f"stage '{name}' failed: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def serve(
+    cron: str = typer.Option("0 2 * * *", help="Cron schedule of the nightly run (server time zone)."),
+    name: str = typer.Option("nightly", help="Deployment name."),
+) -> None:
+    """Serve the pipeline as a Prefect deployment on a cron schedule (the nightly run); Ctrl-C stops it.
+
+    Needs a running Prefect API: ``PREFECT_API_URL`` (a team's server), or ``prefect server start`` in another shell.
+    """
+    setup_environment()
+    from flows.schedule import nightly_deployment
+    from prefect import serve as prefect_serve
+
+    prefect_serve(nightly_deployment(cron=cron, name=name))
+
+
+@app.command()
+def ui() -> None:
+    """Print how to open the MLflow and Prefect UIs on this project's embedded state."""
+    setup_environment()
+    from tasks.config import load_params
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
+    typer.echo("MLflow (runs, metrics, artifacts, registry):")
+    typer.echo(f"  {sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   → http://127.0.0.1:5000")
+    typer.echo("Prefect (flow runs, deployments):")
+    typer.echo(f"  PREFECT_HOME={os.environ['PREFECT_HOME']} {Path(sys.executable).parent}/prefect server start")
+    typer.echo("  → http://127.0.0.1:4200")
+    typer.echo("DVC (stages, data versions): dvc dag; dvc status; dvc exp show")
+
+
+if __name__ == "__main__":
+    app()

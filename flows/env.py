@@ -1,0 +1,37 @@
+"""Process environment for every entry point: telemetry off, offline model hub, embedded state in the repo.
+
+Called from the CLI's entry (never at import time). Values already set by the user win (``setdefault``), so a team can
+point ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI`` or ``HF_HUB_OFFLINE=0`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "GX_ANALYTICS_ENABLED": "False",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def setup_environment(root: Path | None = None) -> None:
+    """Turn telemetry off and keep Prefect's state (its SQLite database) inside the project folder."""
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
+    # Stage commands run by dvc (`didpo stage ...`) and `dvc` itself must resolve to this interpreter's environment.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    root = root or Path.cwd()
+    os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))

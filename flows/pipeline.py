@@ -1,0 +1,91 @@
+"""The umbrella ``pipeline`` flow: reproduce the DVC graph stage by stage, then push the outputs.
+
+dvc.yaml is the only stage graph: this flow reads its stages, orders them by their deps/outs, and runs
+``dvc repro --single-item NAME`` for each, so ``dvc repro`` and ``didpo run`` execute the same graph and DVC decides
+what is up to date. A failing stage (a failed gate included) stops the flow; nothing downstream runs.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import subprocess
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_run_logger, task
+
+from tasks.config import load_params
+from tasks.tracking import pipeline_run
+
+
+class StageFailed(RuntimeError):
+    """A DVC stage exited non-zero; the message names it and its exit status."""
+
+
+def _covers(out: str, dep: str) -> bool:
+    out_p, dep_p = Path(out), Path(dep)
+    return out_p == dep_p or out_p in dep_p.parents or dep_p in out_p.parents
+
+
+def stage_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
+    """Stage names of dvc.yaml in dependency order (a stage after every stage whose outs it depends on).
+
+    Ties keep the file's order. Raises ``graphlib.CycleError`` on a cyclic graph.
+    """
+    stages: dict = (yaml.safe_load(Path(dvc_yaml).read_text()) or {}).get("stages", {})
+
+    def paths(spec: dict, key: str) -> list[str]:
+        return [next(iter(x)) if isinstance(x, dict) else x for x in spec.get(key, [])]
+
+    outs = {name: paths(spec, "outs") + paths(spec, "metrics") + paths(spec, "plots") for name, spec in stages.items()}
+    sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
+    for name, spec in stages.items():
+        upstream = [
+            other
+            for other in stages
+            if other != name and any(_covers(o, d) for o in outs[other] for d in paths(spec, "deps"))
+        ]
+        sorter.add(name, *upstream)
+    sorter.prepare()
+    position = {name: i for i, name in enumerate(stages)}
+    order: list[str] = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=position.__getitem__)
+        order.extend(ready)
+        sorter.done(*ready)
+    return order
+
+
+@task(task_run_name="repro-{name}")
+def repro_stage(name: str) -> None:
+    """``dvc repro --single-item NAME`` (its own output streams to the console).
+
+    Raises:
+        StageFailed: the stage's command exited non-zero.
+    """
+    result = subprocess.run(["dvc", "repro", "--single-item", name])
+    if result.returncode != 0:
+        raise StageFailed(f"stage '{name}' failed (exit {result.returncode}); later stages were not run")
+
+
+@task(retries=3, retry_delay_seconds=[2, 10, 30])
+def dvc_push() -> None:
+    """Push every DVC-tracked output to the default remote (retried: it is I/O)."""
+    subprocess.run(["dvc", "push", "--quiet"], check=True)
+
+
+@flow(name="pipeline")
+def pipeline(stages: list[str] | None = None, push: bool = True, params_path: str = "params.yaml") -> list[str]:
+    """Run the DVC graph stage by stage (all of it, or ``stages`` in graph order), then ``dvc push``.
+
+    One MLflow parent run covers the whole run; each stage process opens its child run under it.
+    Returns the stage names run. Raises :class:`StageFailed` when one fails.
+    """
+    order = [s for s in stage_order() if stages is None or s in stages]
+    with pipeline_run(load_params(params_path).tracking) as run_id:
+        get_run_logger().info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
+        for name in order:
+            repro_stage(name)
+        if push:
+            dvc_push()
+    return order

