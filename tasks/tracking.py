@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,7 +110,9 @@ def stage_run(stage: str, tracking: TrackingConfig, section: Any = None, inputs:
             version = dvc_version(path)
             if not version:
                 continue
-            source = resolve_dataset_source(str(Path(path).resolve()))
+            with warnings.catch_warnings():  # a local path matches two equivalent registered local sources
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(str(Path(path).resolve()))
             mlflow.log_input(MetaDataset(source, name=str(path), digest=version[:36]), context=stage)
         yield run
 

@@ -1,0 +1,72 @@
+"""MLflow spine: a parent run per pipeline run, child runs per stage with params, git commit and DVC data versions."""
+
+import hashlib
+import os
+
+import pytest
+
+from tasks import tracking
+from tasks.config import PrepareConfig, TrackingConfig
+
+
+@pytest.fixture()
+def tracking_cfg(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(tracking.PARENT_ENV, raising=False)
+    return TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="t", artifact_location="art")
+
+
+def test_dvc_version_prefers_lock_then_dvc_file_then_md5(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b'{"a": 1}\n')
+    assert tracking.dvc_version(data, tmp_path / "nolock") == hashlib.md5(b'{"a": 1}\n').hexdigest()
+    (tmp_path / "data.jsonl.dvc").write_text("outs:\n- md5: abc123\n  path: data.jsonl\n")
+    assert tracking.dvc_version(data, tmp_path / "nolock") == "abc123"
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(f"schema: '2.0'\nstages:\n  s:\n    cmd: x\n    outs:\n    - path: {data}\n      md5: fromlock\n")
+    assert tracking.dvc_version(data, lock) == "fromlock"
+    assert tracking.dvc_version(tmp_path / "missing", lock) == ""
+
+
+def test_parent_and_child_runs(tracking_cfg, tmp_path):
+    import mlflow
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"task_id": "x"}\n')
+    cfg = PrepareConfig(seed=3)
+    with tracking.pipeline_run(tracking_cfg) as parent_id:
+        assert os.environ[tracking.PARENT_ENV] == parent_id
+        # what a stage process does (it inherits DIDPO_PARENT_RUN_ID); emulate it in-process
+        active = mlflow.active_run()
+        mlflow.end_run()  # a stage runs in its own process, where no run is active yet
+        with tracking.stage_run("prepare", tracking_cfg, cfg, inputs=(str(data),)) as run:
+            tracking.mlflow_emit({"prepare/n_problems": 42}, step=0)
+            child_id = run.info.run_id
+        mlflow.start_run(run_id=active.info.run_id)
+    assert tracking.PARENT_ENV not in os.environ
+
+    client = mlflow.MlflowClient()
+    child = client.get_run(child_id)
+    assert child.data.tags["mlflow.parentRunId"] == parent_id
+    assert child.data.tags["didpo.stage"] == "prepare"
+    assert child.data.tags["git_commit"]
+    assert child.data.params["prepare.seed"] == "3"
+    assert child.data.metrics["prepare/n_problems"] == 42
+    inputs = child.inputs.dataset_inputs
+    assert [i.dataset.digest for i in inputs] == [hashlib.md5(data.read_bytes()).hexdigest()]
+    assert client.get_run(parent_id).info.status == "FINISHED"
+
+
+def test_failing_stage_marks_run_failed(tracking_cfg):
+    import mlflow
+
+    with pytest.raises(RuntimeError), tracking.stage_run("gate", tracking_cfg) as run:
+        raise RuntimeError("gate failed")
+    assert mlflow.MlflowClient().get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_env_tracking_uri_wins(tracking_cfg, tmp_path, monkeypatch):
+    other = f"sqlite:///{tmp_path}/other.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    assert tracking.configure(tracking_cfg) == other
