@@ -14,7 +14,12 @@ from flows.env import setup_environment
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-STAGES = ("prepare",)  # in graph order; each is a module flows/<name>.py whose `run` is the stage's flow
+STAGES = (
+    "base_model",
+    "prepare",
+    "validate",
+    "baseline",
+)  # in graph order; each is a module flows/<name>.py whose `run` is the stage's flow
 
 
 def _stage_flow(name: str):
@@ -106,8 +111,9 @@ def serve(
     Needs a running Prefect API: ``PREFECT_API_URL`` (a team's server), or ``prefect server start`` in another shell.
     """
     setup_environment()
-    from flows.schedule import nightly_deployment
     from prefect import serve as prefect_serve
+
+    from flows.schedule import nightly_deployment
 
     prefect_serve(nightly_deployment(cron=cron, name=name))
 

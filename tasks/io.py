@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 
-@task(retries=2, retry_delay_seconds=1)
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def write_json(obj: dict, path: Path) -> None:
     """Write a JSON report (sorted keys, indented) atomically."""
     path = Path(path)

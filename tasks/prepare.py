@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PrepareConfig
 from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
@@ -70,7 +71,7 @@ def _user_split(task_id: str, cfg: PrepareConfig) -> str:
     return "test" if u < cfg.test_frac else "val" if u < cfg.test_frac + cfg.val_frac else "train"
 
 
-@task(retries=2, retry_delay_seconds=1)
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
     """A user's problem file as output lines: parsed objects get schema defaults, anything else passes verbatim.
 
@@ -102,7 +103,7 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
     return lines
 
 
-@task(retries=2, retry_delay_seconds=1)
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def write_lines(lines: list[str], path: Path) -> None:
     """Write lines (already serialised) to ``path`` atomically, one per line."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +115,7 @@ def write_lines(lines: list[str], path: Path) -> None:
 
 
 def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
-    """Counts per split, family and source, and the split's leakage check (see :func:`tasks.generate.leakage_report`)."""
+    """Counts per split, family and source, and the leakage check (:func:`tasks.generate.leakage_report`)."""
     generated = [p for p in problems if p["source"].startswith("generated")]
     return {
         "generator_version": GENERATOR_VERSION,

@@ -44,5 +44,5 @@ def test_short_schedule_is_scheduled_every_minute(prefect_api):
     assert len(starts) >= 3
     assert all(run.state_name == "Scheduled" for run in runs)
     assert all(t.second == 0 and t.microsecond == 0 for t in starts)  # on minute boundaries
-    assert {(b - a).total_seconds() for a, b in zip(starts, starts[1:])} == {60.0}
+    assert {(b - a).total_seconds() for a, b in zip(starts, starts[1:], strict=False)} == {60.0}
     assert runs[0].parameters == {"push": True, "params_path": "params.yaml"}

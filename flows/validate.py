@@ -1,0 +1,45 @@
+"""Stage ``validate``: Great Expectations data contracts (data/expectations/) over problems, feedback logs and pairs.
+
+Valid rows go to data/validated/, every bad row to data/validated/quarantine/ with the failed expectation; valid +
+quarantined = input, always. The stage fails with a readable summary when a critical expectation or a bad-row-rate
+threshold fails (the report is written and logged first, so people can read why).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from flows.prepare import PROBLEMS
+from tasks import tracking
+from tasks.config import load_params
+from tasks.measure import validate_problems_task
+
+OUT = Path("data/validated")
+VALID_PROBLEMS = OUT / "problems.jsonl"
+QUARANTINE = OUT / "quarantine"
+REPORT_JSON = OUT / "report.json"
+REPORT_MD = OUT / "report.md"
+
+
+@flow(name="validate")
+def run(params_path: str = "params.yaml") -> dict:
+    """Validate every input dataset, write the JSON/Markdown report, fail loudly when a contract is broken."""
+    from tasks.validate import ensure_passed, report_dict, write_report
+
+    params = load_params(params_path)
+    with tracking.stage_run("validate", params.tracking, params.validate, inputs=(str(PROBLEMS),)):
+        reports = [validate_problems_task(params, PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl")]
+        write_report(reports, REPORT_JSON, REPORT_MD)
+        tracking.log_artifacts(REPORT_JSON, REPORT_MD, QUARANTINE, artifact_path="validation")
+        tracking.mlflow_emit(
+            {
+                f"validate/{r.name}/{key}": getattr(r, key)
+                for r in reports
+                for key in ("rows_in", "rows_valid", "rows_quarantined", "bad_row_rate")
+            },
+            step=0,
+        )
+        ensure_passed(reports)
+    return report_dict(reports)

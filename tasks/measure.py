@@ -1,0 +1,105 @@
+"""Stage-side helpers for pass@k measurements: choose problems, build the sandbox, write per-problem results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.config import BaselineConfig, VerifierSection
+
+
+def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
+    """The rows of one split of a validated problems file, in file order; ``limit`` > 0 keeps the first ones."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["split"] == split:
+                rows.append(row)
+                if limit and len(rows) == limit:
+                    break
+    return rows
+
+
+def make_verifier(cfg: VerifierSection):
+    """A :class:`models.verifier.Verifier` configured from params.yaml's ``verifier`` section (a context manager)."""
+    import os
+
+    from models.verifier import Verifier, VerifierConfig
+
+    return Verifier(
+        VerifierConfig(
+            timeout_s=cfg.timeout_s,
+            cpu_s=cfg.cpu_s,
+            memory_mb=cfg.memory_mb,
+            workers=cfg.workers or os.cpu_count() or 1,
+        )
+    )
+
+
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def write_results(results, path: Path) -> None:
+    """Per-problem results (n, c, per-sample test fractions, reasons, answers) as JSONL, for people to read."""
+    from dataclasses import asdict
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+
+
+@task(cache_policy=NO_CACHE)
+def measure_split(model, tokenizer, problems, cfg: BaselineConfig, verifier, out: Path, split: str) -> dict:
+    """Greedy pass@1 (one answer at temperature 0) and pass@1/pass@k from n samples at the configured temperature."""
+    from models.evaluation import sample_and_verify, summarise
+    from models.sampling import SamplingConfig
+
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    sampled = SamplingConfig(
+        n=cfg.n_samples,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+    )
+    if not problems:  # still write the (empty) outputs dvc.yaml declares
+        write_results([], out / f"{split}_greedy.jsonl")
+        write_results([], out / f"{split}_samples.jsonl")
+        return {"n_problems": 0}
+    greedy_results = sample_and_verify(model, tokenizer, problems, greedy, verifier)
+    sampled_results = sample_and_verify(model, tokenizer, problems, sampled, verifier)
+    write_results(greedy_results, out / f"{split}_greedy.jsonl")
+    write_results(sampled_results, out / f"{split}_samples.jsonl")
+    summary = summarise(sampled_results, ks=sorted({1, 5, 10, cfg.k}))
+    return {
+        "n_problems": len(problems),
+        "n_samples": cfg.n_samples,
+        "greedy_pass@1": summarise(greedy_results, ks=[1])["pass@1"],
+        **summary,
+    }
+
+
+@task(cache_policy=NO_CACHE)
+def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine: Path):
+    """Problems contract; reference solutions run against their own tests in the sandbox (when configured)."""
+    from tasks.validate import validate_problems
+
+    cfg = params.validate
+    if not cfg.check_solutions:
+        return validate_problems(source, out_valid, out_quarantine, max_bad_row_rate=cfg.max_bad_row_rate_problems)
+    with make_verifier(params.verifier) as verifier:
+
+        def check(rows):
+            jobs = [(r["prompt"] + r["canonical_solution"], r["test"], r["entry_point"]) for r in rows]
+            return verifier.check_many(jobs, progress=True)
+
+        return validate_problems(
+            source,
+            out_valid,
+            out_quarantine,
+            max_bad_row_rate=cfg.max_bad_row_rate_problems,
+            check_solutions=check,
+        )

@@ -1,0 +1,145 @@
+"""Tiny end to end: prepare + validate through `dvc repro`, then through the Prefect umbrella flow (`didpo run`),
+with the MLflow parent/child runs and the Prefect flow runs asserted. Runs in a scratch copy of the project."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COPY = [
+    "flows",
+    "tasks",
+    "models",
+    "data/expectations",
+    "data/raw",
+    "dvc.yaml",
+    "params.yaml",
+    "pyproject.toml",
+]
+
+
+def sh(args, cwd, env, check=True):
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A scratch git + DVC project with the real code and a tiny params.yaml."""
+    root = tmp_path_factory.mktemp("project")
+    for name in COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, root / name)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["prepare"].update(n_problems=120, include_humaneval=True)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(root),  # the copy's code, not the installed tree's
+        "PREFECT_HOME": str(root / ".prefect"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("DIDPO_PARENT_RUN_ID", None)
+    sh(["git", "init", "-q"], root, env)
+    sh(["git", "config", "user.email", "t@example.invalid"], root, env)
+    sh(["git", "config", "user.name", "t"], root, env)
+    sh(["dvc", "init", "-q"], root, env)
+    sh(["dvc", "config", "core.analytics", "false"], root, env)
+    sh(["dvc", "remote", "add", "-d", "local", str(root / ".dvc-remote")], root, env)
+    (root / ".gitignore").write_text("mlflow.db\nmlartifacts/\n.prefect/\n.dvc-remote/\n")
+    sh(["git", "add", "-A"], root, env)
+    sh(["git", "commit", "-qm", "init"], root, env)
+    return root, env
+
+
+def mlflow_runs(root: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name("didpo-pipeline")
+    return client, client.search_runs([experiment.experiment_id])
+
+
+def test_dvc_repro_prepare_validate(project):
+    root, env = project
+    sh(["dvc", "repro", "prepare", "validate"], root, env)
+
+    lines = (root / "data/prepared/problems.jsonl").read_text().splitlines()
+    problems = [json.loads(line) for line in lines]
+    splits = {p["split"] for p in problems}
+    assert splits == {"train", "val", "test", "humaneval"}
+    assert sum(p["split"] == "humaneval" for p in problems) == 164
+    report = json.loads((root / "data/validated/report.json").read_text())
+    problems_report = report["datasets"]["problems"]
+    assert report["passed"] is True
+    assert (
+        problems_report["rows_in"] == len(lines) == problems_report["rows_valid"] + problems_report["rows_quarantined"]
+    )
+    assert problems_report["rows_quarantined"] == 0  # every reference solution passed its tests in the sandbox
+
+    status = sh(["dvc", "status", "prepare", "validate"], root, env).stdout
+    assert "up to date" in status, status
+    again = sh(["dvc", "repro", "prepare", "validate"], root, env).stdout
+    assert "didn't change" in again or "up to date" in again.lower(), again
+
+    _, runs = mlflow_runs(root)
+    assert sorted(r.data.tags["didpo.stage"] for r in runs) == ["prepare", "validate"]
+
+
+def test_didpo_run_through_prefect(project):
+    root, env = project
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # change a param so both stages run again, under one Prefect API the test can read afterwards
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["prepare"]["seed"] = 1
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    server = SubprocessASGIServer()
+    server.start(timeout=120)
+    try:
+        run_env = {**env, "PREFECT_API_URL": server.api_url}
+        sh([str(BIN / "didpo"), "run", "--stages", "prepare,validate"], root, run_env)
+        flow_runs = asyncio.run(_flow_runs(server.api_url))
+    finally:
+        server.stop()
+
+    assert {"pipeline", "prepare", "validate"} <= set(flow_runs.values())
+    client, runs = mlflow_runs(root)
+    parents = [r for r in runs if r.data.tags["didpo.stage"] == "pipeline"]
+    assert len(parents) == 1
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(r.data.tags["didpo.stage"] for r in children) == ["prepare", "validate"]
+    assert all(r.info.status == "FINISHED" for r in children)
+    validate_run = next(r for r in children if r.data.tags["didpo.stage"] == "validate")
+    assert validate_run.data.params["validate.check_solutions"] == "True"
+    assert validate_run.inputs.dataset_inputs, "the input data version is logged as a dataset input"
+    assert any(a.path == "validation" for a in client.list_artifacts(validate_run.info.run_id))
+    assert (root / ".dvc-remote").is_dir()  # outputs pushed to the default remote
+    assert "up to date" in sh(["dvc", "status", "prepare", "validate"], root, env).stdout
+
+
+async def _flow_runs(api_url: str) -> dict[str, str]:
+    from prefect.client.orchestration import PrefectClient
+
+    async with PrefectClient(api_url) as client:
+        runs = await client.read_flow_runs()
+        flows = {f.id: f.name for f in await client.read_flows()}
+    return {str(r.id): flows[r.flow_id] for r in runs}
