@@ -14,12 +14,8 @@ from flows.env import setup_environment
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-STAGES = (
-    "base_model",
-    "prepare",
-    "validate",
-    "baseline",
-)  # in graph order; each is a module flows/<name>.py whose `run` is the stage's flow
+# The stages in graph order; each is a module flows/<name>.py whose `run` is the stage's Prefect flow.
+STAGES = ("base_model", "prepare", "validate", "baseline", "sft", "gate")
 
 
 def _stage_flow(name: str):

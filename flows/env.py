@@ -35,3 +35,6 @@ def setup_environment(root: Path | None = None) -> None:
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     root = root or Path.cwd()
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
+    # A stage run alone (no PREFECT_API_URL) starts Prefect's ephemeral server; on a busy 2-core box it can take
+    # longer than Prefect's default 20 s to come up.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

@@ -17,6 +17,8 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from models.sft import SFTConfig
+
 _STRICT = ConfigDict(extra="forbid")
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -105,6 +107,32 @@ class BaselineConfig:
     humaneval_problems: int = Field(default=20, ge=0)
     seed: int = 0
 
+    def __post_init__(self):
+        if self.k > self.n_samples:
+            raise ValueError(f"baseline.k ({self.k}) must be <= baseline.n_samples ({self.n_samples})")
+
+
+@dataclass(frozen=True, config=_STRICT)
+class GateConfig:
+    """``gate``: RL only when the SFT model already "knows how" (seed report: RL amplifies, it does not create).
+
+    n_samples ≥ k answers per val problem at ``temperature``/``top_p``; the unbiased pass@k must exceed ``threshold``,
+    else the pipeline stops before any preference or RL stage. val_problems: how many val problems (0 = all).
+    """
+
+    n_samples: int = Field(default=16, ge=1)
+    k: int = Field(default=16, ge=1)
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    temperature: float = Field(default=0.8, gt=0.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=256, ge=16)
+    val_problems: int = Field(default=20, ge=0)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.k > self.n_samples:
+            raise ValueError(f"gate.k ({self.k}) must be <= gate.n_samples ({self.n_samples}): pass@k needs n >= k")
+
 
 @dataclass(frozen=True, config=_STRICT)
 class TrackingConfig:
@@ -128,6 +156,8 @@ class Params:
     validate: ValidateConfig = ValidateConfig()
     verifier: VerifierSection = VerifierSection()
     baseline: BaselineConfig = BaselineConfig()
+    sft: SFTConfig = SFTConfig()
+    gate: GateConfig = GateConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import BaselineConfig, VerifierSection
+from tasks.config import BaselineConfig, GateConfig, VerifierSection
 
 
 def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
@@ -52,34 +53,62 @@ def write_results(results, path: Path) -> None:
 
 
 @task(cache_policy=NO_CACHE)
-def measure_split(model, tokenizer, problems, cfg: BaselineConfig, verifier, out: Path, split: str) -> dict:
-    """Greedy pass@1 (one answer at temperature 0) and pass@1/pass@k from n samples at the configured temperature."""
+def measure_split(
+    model, tokenizer, problems, cfg: BaselineConfig | GateConfig, verifier, out: Path, split: str, greedy: bool = True
+) -> dict:
+    """pass@1/pass@k from ``cfg.n_samples`` answers per problem at the configured temperature, and (``greedy``) the
+    greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``."""
     from models.evaluation import sample_and_verify, summarise
     from models.sampling import SamplingConfig
 
-    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     sampled = SamplingConfig(
-        n=cfg.n_samples,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
+        n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
-    if not problems:  # still write the (empty) outputs dvc.yaml declares
-        write_results([], out / f"{split}_greedy.jsonl")
-        write_results([], out / f"{split}_samples.jsonl")
-        return {"n_problems": 0}
-    greedy_results = sample_and_verify(model, tokenizer, problems, greedy, verifier)
-    sampled_results = sample_and_verify(model, tokenizer, problems, sampled, verifier)
-    write_results(greedy_results, out / f"{split}_greedy.jsonl")
-    write_results(sampled_results, out / f"{split}_samples.jsonl")
-    summary = summarise(sampled_results, ks=sorted({1, 5, 10, cfg.k}))
-    return {
-        "n_problems": len(problems),
-        "n_samples": cfg.n_samples,
-        "greedy_pass@1": summarise(greedy_results, ks=[1])["pass@1"],
-        **summary,
-    }
+    metrics: dict = {"n_problems": len(problems), "n_samples": cfg.n_samples}
+    if greedy:
+        one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+        greedy_results = sample_and_verify(model, tokenizer, problems, one, verifier) if problems else []
+        write_results(greedy_results, out / f"{split}_greedy.jsonl")
+        if greedy_results:
+            metrics["greedy_pass@1"] = summarise(greedy_results, ks=[1])["pass@1"]
+    results = sample_and_verify(model, tokenizer, problems, sampled, verifier) if problems else []
+    write_results(results, out / f"{split}_samples.jsonl")
+    metrics.update(summarise(results, ks=sorted({1, 5, 10, cfg.k} & set(range(1, cfg.n_samples + 1)))))
+    return metrics
+
+
+class GateFailed(RuntimeError):
+    """The SFT model's pass@k on val is not above the gate's threshold; the message says what to do next."""
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """The gate's decision on measured ``metrics`` (see :func:`gate_verdict`)."""
+
+    passed: bool
+    message: str
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            raise GateFailed(self.message)
+
+
+def gate_verdict(metrics: dict, cfg: GateConfig) -> GateVerdict:
+    """Pass when pass@k > threshold (strictly). The failure message names the figure, the threshold and next steps."""
+    key = f"pass@{cfg.k}"
+    if metrics.get("n_problems", 0) == 0 or key not in metrics:
+        return GateVerdict(False, f"gate failed: no val problems were measured ({key} unavailable)")
+    value = metrics[key]
+    figure = f"{key} = {value:.3f} on {metrics['n_problems']} val problems ({cfg.n_samples} samples each)"
+    if value > cfg.threshold:
+        return GateVerdict(True, f"gate passed: {figure} > threshold {cfg.threshold:.2f}")
+    return GateVerdict(
+        False,
+        f"gate failed: {figure} <= threshold {cfg.threshold:.2f}. RL amplifies what the model can already do, so "
+        "it would have little to amplify. Next: more or better SFT data (prepare.n_problems), more steps "
+        "(sft.max_steps / sft.epochs), a higher LoRA rank or full fine-tuning (sft.lora_r, sft.lora), or a bigger "
+        "base model (base_model.name_or_path). Lowering gate.threshold only hides the problem.",
+    )
 
 
 @task(cache_policy=NO_CACHE)

@@ -1,0 +1,41 @@
+"""The ``sft`` stage's work: load the base checkpoint, train (models.sft), report; MLflow receives every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.sft import SFTConfig
+from tasks.tracking import mlflow_emit
+
+
+@task(cache_policy=NO_CACHE)
+def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg: SFTConfig, out: Path):
+    """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
+
+    A leftover resume checkpoint written with another config or other data is discarded (that is a new run,
+    not a resumed one); a checkpoint of this very run is resumed.
+    """
+    from models.policy import load_policy
+    from models.sft import train_sft
+
+    model, tokenizer = load_policy(base, dtype=dtype)
+    try:
+        result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=True)
+    except ValueError as exc:
+        if "checkpoint" not in str(exc):
+            raise
+        model, tokenizer = load_policy(base, dtype=dtype)
+        result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=False)
+    metrics = {
+        "global_step": result.global_step,
+        "best_eval_loss": result.best_eval_loss,
+        "best_step": result.best_step,
+        "stopped_early": result.stopped_early,
+        "n_train_examples": result.n_train_examples,
+        "n_truncated": result.n_truncated,
+        "trainable_params": result.trainable_params,
+    }
+    return metrics, result.history

@@ -1,0 +1,657 @@
+"""The ``validate`` stage: Great Expectations data contracts for problems, feedback logs and preference pairs.
+
+The contracts are GX 1.x ExpectationSuite JSON files in ``data/expectations/`` (``problems.json``,
+``feedback_logs.json``, ``preference_pairs.json``), edited as data. Each expectation carries ``meta.name``
+(its name in quarantine records and reports), ``meta.description`` (the human-readable reason, with
+``{parameter}`` placeholders filled in) and GX's ``severity``.
+
+One dataset is validated in three steps; every input line ends up in exactly one of the two outputs
+(``rows_valid + rows_quarantined == rows_in``, blank lines included):
+
+1. parse (:mod:`tasks.jsonl`): blank lines, invalid UTF-8, invalid JSON and non-object JSON are quarantined;
+2. schema pass: the null/type expectations run on a pandas frame of the parsed objects (index = line number);
+3. value pass: every other expectation runs on the same frame with the values that failed step 2 set to null,
+   so a wrong-typed value cannot make a value check raise, and each row still gets every reason that applies.
+
+A row that fails several expectations is quarantined once, with all reasons. Uniqueness expectations keep the
+first occurrence and quarantine the later duplicates. Derived columns (problems only) bring cross-row checks
+into the suite: ``_no_train_leakage`` (a val/test/humaneval prompt equal to a train prompt after
+:func:`normalise_prompt`) and ``_solution_passes`` (the caller's ``check_solutions`` hook, run last and only on
+rows that passed every other expectation; the expectation is skipped without a hook).
+
+A dataset fails when a ``critical`` expectation fails or its bad-row rate exceeds its threshold. The shipped
+contracts mark three expectations critical, all for problems: ``has_rows`` (an empty problem set trains
+nothing), ``task_id_unique`` and ``solution_passes_tests`` (duplicate ids or a broken reference solution mean
+the problem source itself is broken). :func:`ensure_passed` raises :class:`ValidationFailed`; call it after
+:func:`write_report`, so the report that explains the failure is on disk.
+
+GX is imported lazily (it takes seconds) with telemetry off (``GX_ANALYTICS_ENABLED=False`` unless set);
+one ephemeral context is shared by the process. It is not thread-safe: validate datasets one after another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from great_expectations.core.expectation_suite import ExpectationSuite
+
+EXPECTATIONS_DIR = Path(__file__).resolve().parents[1] / "data" / "expectations"
+RAW_CHARS = 2000  # quarantine records keep at most this many characters of the original line
+HELD_OUT_SPLITS = frozenset({"val", "test", "humaneval"})
+
+# The fields of each dataset (data/README.md, DESIGN.md); always frame columns (null where absent).
+FIELDS = {
+    "problems": (
+        "task_id",
+        "prompt",
+        "entry_point",
+        "canonical_solution",
+        "test",
+        "steps",
+        "instruction",
+        "key_patterns",
+        "family",
+        "split",
+        "source",
+    ),
+    "feedback_logs": (
+        "event_id",
+        "ts",
+        "user_id",
+        "session_id",
+        "prompt",
+        "response",
+        "rating",
+        "category",
+        "model_version",
+    ),
+    "preference_pairs": ("prompt", "chosen", "rejected", "annotator", "dimension"),
+}
+DERIVED = {"problems": ("_no_train_leakage", "_solution_passes"), "feedback_logs": (), "preference_pairs": ()}
+
+# Expectations deciding whether a value is there with the right type: they run first (the "schema pass").
+SCHEMA_TYPES = frozenset(
+    {
+        "expect_column_values_to_not_be_null",
+        "expect_column_values_to_be_of_type",
+        "expect_column_values_to_be_in_type_list",
+    }
+)
+UNIQUE_TYPES = frozenset({"expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique"})
+
+SolutionCheck = Callable[[list[dict[str, Any]]], Sequence[Any]]
+
+
+class SuiteError(ValueError):
+    """A suite file is missing, not JSON, not a valid GX suite, or breaks a convention of this stage."""
+
+
+@dataclass(frozen=True)
+class DatasetReport:
+    """The outcome of validating one dataset (one JSONL file).
+
+    rows_in: lines in the input (blank and malformed lines included) = rows_valid + rows_quarantined.
+    bad_row_rate: rows_quarantined / rows_in (0 for an empty file). failures: rows failing each expectation
+    (parse checks included; a row failing two expectations counts once in each). critical_failed: names of the
+    critical expectations that failed. skipped: expectations not run (e.g. no ``check_solutions`` hook).
+    notes: human-readable lines about dataset-level failures and expectations that raised.
+    passed: no critical failure and bad_row_rate <= max_bad_row_rate.
+    """
+
+    name: str
+    source: str
+    quarantine: str
+    rows_in: int
+    rows_valid: int
+    rows_quarantined: int
+    bad_row_rate: float
+    max_bad_row_rate: float
+    failures: dict[str, int]
+    critical_failed: tuple[str, ...]
+    skipped: tuple[str, ...]
+    notes: tuple[str, ...]
+    passed: bool
+
+    def problems(self) -> list[str]:
+        """Why this dataset failed, one readable line per reason (empty when it passed)."""
+        lines = []
+        if self.bad_row_rate > self.max_bad_row_rate:
+            lines.append(
+                f"bad-row rate {self.bad_row_rate:.2%} ({self.rows_quarantined} of {self.rows_in} rows"
+                f" quarantined) exceeds the threshold {self.max_bad_row_rate:.2%}"
+            )
+        for name in self.critical_failed:
+            count = self.failures.get(name, 0)
+            lines.append(f"critical expectation {name} failed" + (f" ({count} rows)" if count else ""))
+        return lines
+
+
+class ValidationFailed(Exception):
+    """A dataset failed validation; the message says which and why. ``reports`` holds all the reports."""
+
+    def __init__(self, reports: Sequence[DatasetReport]):
+        self.reports = tuple(reports)
+        super().__init__(failure_summary(self.reports))
+
+
+# ---------------------------------------------------------------------------------------------------- suites
+
+
+def load_suite(name: str, directory: str | Path | None = None) -> ExpectationSuite:
+    """The GX ExpectationSuite stored in ``<directory>/<name>.json`` (default ``data/expectations/``).
+
+    Raises:
+        SuiteError: the file is missing or not JSON, GX rejects it, or a ``meta.name`` is missing or repeated.
+    """
+    path = Path(directory or EXPECTATIONS_DIR) / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SuiteError(f"{path}: expectation suite not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("expectations"), list):
+        raise SuiteError(f"{path}: expected an object with an 'expectations' list")
+    seen: set[str] = set()
+    for i, exp in enumerate(data["expectations"]):
+        meta_name = exp.get("meta", {}).get("name") if isinstance(exp, dict) else None
+        if not isinstance(meta_name, str) or not meta_name:
+            raise SuiteError(f"{path}: expectation #{i} has no meta.name")
+        if meta_name in seen or meta_name in PARSE_CHECKS:
+            raise SuiteError(f"{path}: expectation name {meta_name!r} is used twice")
+        seen.add(meta_name)
+    _gx_batch_definition()  # sets GX telemetry off before the first GX import
+    from great_expectations.core.expectation_suite import ExpectationSuite
+
+    try:
+        suite = ExpectationSuite(**data)
+    except Exception as exc:  # GX raises a variety of types for a bad suite
+        raise SuiteError(f"{path}: not a valid Great Expectations suite: {exc}") from None
+    loaded = {e.meta.get("name") for e in suite.expectations}
+    dropped = [n for n in seen if n not in loaded]  # GX logs and drops an expectation it cannot build
+    if dropped:
+        raise SuiteError(f"{path}: not a valid Great Expectations suite: GX rejected {', '.join(sorted(dropped))}")
+    return suite
+
+
+@cache
+def _gx_batch_definition():
+    """One ephemeral GX context per process, with a pandas whole-dataframe batch definition."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    asset = context.data_sources.add_pandas("validate").add_dataframe_asset("rows")
+    return asset.add_batch_definition_whole_dataframe("all_rows")
+
+
+def _run_gx(configs: list[dict], frame: pd.DataFrame, parameters: dict[str, Any]) -> list:
+    from great_expectations.core.expectation_suite import ExpectationSuite
+
+    if not configs:
+        return []
+    suite = ExpectationSuite(name="validate", expectations=configs)
+    batch = _gx_batch_definition().get_batch(batch_parameters={"dataframe": frame})
+    return batch.validate(suite, result_format="COMPLETE", expectation_parameters=parameters).results
+
+
+def _columns(kwargs: dict[str, Any]) -> list[str]:
+    cols = [kwargs[k] for k in ("column", "column_A", "column_B") if isinstance(kwargs.get(k), str)]
+    return cols + list(kwargs.get("column_list") or [])
+
+
+# ------------------------------------------------------------------------------------------ derived columns
+
+
+def normalise_prompt(prompt: str) -> str:
+    """Lowercase, remove digits, collapse whitespace runs to one space, strip: the leakage key."""
+    return re.sub(r"\s+", " ", re.sub(r"\d", "", prompt.lower())).strip()
+
+
+def prompt_hash(prompt: str) -> str:
+    """sha256 hex digest of :func:`normalise_prompt` (UTF-8)."""
+    return hashlib.sha256(normalise_prompt(prompt).encode("utf-8")).hexdigest()
+
+
+def _leakage_column(frame: pd.DataFrame) -> list[Any]:
+    """True, or why a held-out row leaks a train prompt; None for train rows and rows without a str prompt."""
+    train: dict[str, tuple[int, Any]] = {}
+    for line, prompt, split, task_id in zip(
+        frame.index, frame["prompt"], frame["split"], frame["task_id"], strict=True
+    ):
+        if split == "train" and isinstance(prompt, str):
+            train.setdefault(prompt_hash(prompt), (line, task_id))
+    out: list[Any] = []
+    for prompt, split in zip(frame["prompt"], frame["split"], strict=True):
+        if split in HELD_OUT_SPLITS and isinstance(prompt, str):
+            hit = train.get(prompt_hash(prompt))
+            out.append(True if hit is None else f"same prompt as train problem {hit[1]!r} on line {hit[0]}")
+        else:
+            out.append(None)
+    return out
+
+
+def _verdict(value: Any) -> Any:
+    if isinstance(value, str):
+        return value or "the reference solution failed its tests"
+    if hasattr(value, "passed"):  # a models.verifier.Verdict
+        return True if value.passed else (getattr(value, "reason", None) or "failed its tests")
+    if value is True or value is False or value in (0, 1):
+        return True if value else "the reference solution failed its tests"
+    raise TypeError(f"check_solutions must return bools, reason strings or verdicts, got {type(value).__name__}")
+
+
+def _solutions_column(lines: list[int], rows: dict[int, dict], check: SolutionCheck, index: Iterable) -> list:
+    """The hook's verdicts for the rows on ``lines`` (those that passed every other expectation), laid out on
+    ``index`` (all line numbers); None for the other rows.
+
+    Raises:
+        ValueError: the hook returned a different number of verdicts than rows. TypeError: a verdict of an
+        unknown kind.
+    """
+    verdicts = list(check([rows[line] for line in lines]))
+    if len(verdicts) != len(lines):
+        raise ValueError(f"check_solutions returned {len(verdicts)} verdicts for {len(lines)} rows")
+    by_line = dict(zip(lines, (_verdict(v) for v in verdicts), strict=True))
+    return [by_line.get(int(line)) for line in index]
+
+
+# ------------------------------------------------------------------------------------------------- reasons
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fill(description: str, parameters: dict[str, Any]) -> str:
+    for key, value in parameters.items():
+        shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        description = description.replace("{" + key + "}", shown)
+    return description
+
+
+def _detail(etype: str, kwargs: dict[str, Any], value: Any, present: bool) -> str:
+    """What was wrong with the value, in a few words (the reason's parenthesis)."""
+    if etype == "expect_column_values_to_not_be_null":
+        return "null" if present else "missing"
+    if etype in SCHEMA_TYPES:
+        return f"got {_json_type(value)}"
+    if etype.startswith("expect_column_value_lengths") and isinstance(value, str):
+        return f"got {len(value):,} characters"
+    if str(kwargs.get("column", "")).startswith("_"):
+        return str(value)
+    if "column" not in kwargs:
+        return ""
+    return f"got {_short(value)}"
+
+
+def _exception_message(info: Any) -> str | None:
+    """The message of an exception GX caught while running an expectation, or None."""
+    if not isinstance(info, dict):
+        return None
+    if info.get("raised_exception"):
+        return str(info.get("exception_message"))
+    for nested in info.values():
+        if isinstance(nested, dict) and nested.get("raised_exception"):
+            return str(nested.get("exception_message"))
+    return None
+
+
+class _Findings:
+    """Collects, across passes, every (expectation, reason) of every bad row and each outcome."""
+
+    def __init__(self, order: dict[str, int]):
+        self.order = order
+        self.rows: dict[int, list[tuple[int, str, str]]] = {}
+        self.failures: dict[str, int] = dict.fromkeys([*PARSE_CHECKS, *order], 0)
+        self.critical: list[str] = []
+        self.notes: list[str] = []
+
+    def flag(self, line: int, name: str, reason: str) -> None:
+        self.rows.setdefault(line, []).append((self.order.get(name, -1), name, reason))
+        self.failures[name] += 1
+
+    def collect(self, results: Iterable, frame: pd.DataFrame, rows: dict[int, dict], parameters: dict) -> dict:
+        """Record the GX results; returns {column: [lines]} of the rows flagged per single column."""
+        flagged: dict[str, list[int]] = {}
+        for result in results:
+            config = result.expectation_config
+            name, etype, kwargs = config.meta["name"], config.type, config.kwargs
+            critical = getattr(config.severity, "value", config.severity) == "critical"
+            error = _exception_message(result.exception_info)
+            if error is not None:
+                self.critical.append(name)
+                self.notes.append(f"{name} could not run: {error.splitlines()[0] if error else 'error'}")
+                continue
+            index = result.result.get("unexpected_index_list")
+            if index is None:  # a dataset-level expectation (row count, column statistics, ...)
+                if not result.success:
+                    observed = result.result.get("observed_value")
+                    self.notes.append(f"{name} failed: {_fill(config.meta.get('description', etype), parameters)}")
+                    if observed is not None:
+                        self.notes[-1] += f" (observed {_short(observed)})"
+                    if critical:
+                        self.critical.append(name)
+                continue
+            description = _fill(config.meta.get("description", etype), parameters)
+            cols = _columns(kwargs)
+            lines = sorted(int(i) for i in index)
+            first: dict[str, int] = {}
+            for line in lines:
+                values = [frame.at[line, c] for c in cols]
+                if etype in UNIQUE_TYPES:
+                    key = json.dumps(values, sort_keys=True, default=str)
+                    if key not in first:
+                        first[key] = line  # the first occurrence is kept
+                        continue
+                    detail = f"duplicate of line {first[key]}, which is kept"
+                else:
+                    value = values[0] if len(cols) == 1 else None
+                    present = len(cols) != 1 or cols[0] in rows[line]
+                    detail = _detail(etype, kwargs, value, present)
+                self.flag(line, name, f"{description} ({detail})" if detail else description)
+                if len(cols) == 1:
+                    flagged.setdefault(cols[0], []).append(line)
+            if critical and not result.success:
+                self.critical.append(name)
+        return flagged
+
+
+# ------------------------------------------------------------------------------------------------- datasets
+
+
+def _frame(rows: dict[int, dict], columns: Iterable[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    index = pd.Index(list(rows), dtype="int64")
+    objs = list(rows.values())
+    return pd.DataFrame(
+        {c: pd.Series([o.get(c) for o in objs], index=index, dtype=object) for c in columns}, index=index
+    )
+
+
+def _write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write text lines to ``path`` atomically (UTF-8, ``\\n`` endings), creating parent folders."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
+    tmp.replace(path)
+
+
+def _quarantine_record(source: str, line: JsonlLine, reasons: list[tuple[int, str, str]]) -> str:
+    reasons = sorted(reasons)
+    record = {
+        "source": source,
+        "line": line.line,
+        "expectation": reasons[0][1],
+        "expectations": [name for _, name, _ in reasons],
+        "reason": "; ".join(reason for _, _, reason in reasons),
+        "raw": line.text[:RAW_CHARS],
+        "raw_chars": len(line.text),
+    }
+    return json.dumps(record, ensure_ascii=False)
+
+
+def _validate(
+    dataset: str,
+    path: str | Path,
+    out_valid: str | Path,
+    out_quarantine: str | Path,
+    *,
+    max_bad_row_rate: float,
+    parameters: dict[str, Any],
+    check_solutions: SolutionCheck | None = None,
+) -> DatasetReport:
+    suite = load_suite(dataset)
+    configs = [e.configuration.to_json_dict() for e in suite.expectations]
+    findings = _Findings({c["meta"]["name"]: i for i, c in enumerate(configs)})
+
+    lines = list(iter_jsonl(path))
+    for ln in lines:
+        if ln.obj is None:
+            findings.flag(ln.line, ln.check, ln.error)
+    rows = {ln.line: ln.obj for ln in lines if ln.obj is not None}
+
+    referenced = [c for cfg in configs for c in _columns(cfg["kwargs"])]
+    unknown = sorted({c for c in referenced if c.startswith("_") and c not in DERIVED[dataset]})
+    if unknown:
+        raise SuiteError(f"{dataset}: unknown derived column(s) {unknown}; this dataset provides {DERIVED[dataset]}")
+    columns = dict.fromkeys([*FIELDS[dataset], *(c for c in referenced if not c.startswith("_"))])
+    frame = _frame(rows, columns)
+
+    def is_schema(cfg: dict) -> bool:
+        return cfg["type"] in SCHEMA_TYPES or cfg["type"].startswith("expect_table_")
+
+    flagged = findings.collect(
+        _run_gx([c for c in configs if is_schema(c)], frame, parameters), frame, rows, parameters
+    )
+    clean = frame.copy()
+    for column, bad_lines in flagged.items():
+        if column in clean.columns:
+            clean.loc[bad_lines, column] = None  # later checks see only well-typed values
+
+    # Value pass: derived columns that are cheap come first; the solution check (a sandbox run per row) only
+    # gets the rows that passed everything else, so it never sees a malformed test or entry point.
+    if dataset == "problems":
+        clean["_no_train_leakage"] = _leakage_column(clean)
+    clean = clean.astype(object)
+    value_configs = [c for c in configs if not is_schema(c)]
+    late = [c for c in value_configs if "_solution_passes" in _columns(c["kwargs"])]
+    findings.collect(_run_gx([c for c in value_configs if c not in late], clean, parameters), clean, rows, parameters)
+    skipped = []
+    if late and check_solutions is None:
+        skipped = [c["meta"]["name"] for c in late]
+    elif late:
+        good = [int(line) for line in clean.index if line not in findings.rows]
+        clean["_solution_passes"] = _solutions_column(good, rows, check_solutions, clean.index)
+        findings.collect(_run_gx(late, clean.astype(object), parameters), clean, rows, parameters)
+
+    source = str(path)
+    _write_lines(Path(out_valid), (ln.text for ln in lines if ln.line not in findings.rows))
+    _write_lines(
+        Path(out_quarantine),
+        (_quarantine_record(source, ln, findings.rows[ln.line]) for ln in lines if ln.line in findings.rows),
+    )
+    rows_in, rows_quarantined = len(lines), len(findings.rows)
+    rows_valid = sum(1 for ln in lines if ln.line not in findings.rows)
+    if rows_valid + rows_quarantined != rows_in:  # an invariant: each line is in exactly one output
+        raise RuntimeError(f"{dataset}: {rows_valid} valid + {rows_quarantined} quarantined != {rows_in} lines")
+    rate = rows_quarantined / rows_in if rows_in else 0.0
+    critical = tuple(dict.fromkeys(findings.critical))
+    return DatasetReport(
+        name=dataset,
+        source=source,
+        quarantine=str(out_quarantine),
+        rows_in=rows_in,
+        rows_valid=rows_valid,
+        rows_quarantined=rows_quarantined,
+        bad_row_rate=rate,
+        max_bad_row_rate=max_bad_row_rate,
+        failures=findings.failures,
+        critical_failed=critical,
+        skipped=tuple(skipped),
+        notes=tuple(findings.notes),
+        passed=not critical and rate <= max_bad_row_rate,
+    )
+
+
+def validate_problems(
+    path: str | Path,
+    out_valid: str | Path,
+    out_quarantine: str | Path,
+    *,
+    max_bad_row_rate: float,
+    check_solutions: SolutionCheck | None = None,
+) -> DatasetReport:
+    """Validate a problems JSONL file (data/README.md schema) against ``data/expectations/problems.json``.
+
+    Valid lines are copied verbatim to ``out_valid``; bad lines go to ``out_quarantine`` as JSON records
+    ``{source, line, expectation, expectations, reason, raw, raw_chars}``.
+
+    check_solutions: called once with the list of row dicts that passed every other expectation (so their
+        prompt, canonical_solution, test and entry_point are well formed); returns one verdict per row: True
+        (passes), False or a reason string (fails), or an object with ``passed``/``reason`` (e.g.
+        ``models.verifier.Verdict``). None skips ``solution_passes_tests``.
+
+    Raises:
+        SuiteError: the suite is missing or invalid. ValueError/TypeError: the hook returned the wrong number
+        or kind of verdicts. OSError: a file cannot be read or written. A failed validation does not raise:
+        see :func:`ensure_passed`.
+    """
+    return _validate(
+        "problems",
+        path,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=max_bad_row_rate,
+        parameters={},
+        check_solutions=check_solutions,
+    )
+
+
+def validate_feedback_logs(
+    path: str | Path,
+    out_valid: str | Path,
+    out_quarantine: str | Path,
+    *,
+    max_bad_row_rate: float,
+    max_text_chars: int = 20_000,
+) -> DatasetReport:
+    """Validate a feedback-log JSONL file against ``data/expectations/feedback_logs.json``.
+
+    max_text_chars: the upper bound on prompt and response lengths (characters; the suite's ``max_text_chars``
+    parameter). Outputs and errors as :func:`validate_problems`.
+    """
+    return _validate(
+        "feedback_logs",
+        path,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=max_bad_row_rate,
+        parameters={"max_text_chars": max_text_chars},
+    )
+
+
+def validate_pairs(
+    path: str | Path,
+    out_valid: str | Path,
+    out_quarantine: str | Path,
+    *,
+    max_bad_row_rate: float,
+    max_text_chars: int = 20_000,
+) -> DatasetReport:
+    """Validate a human preference-pair JSONL file against ``data/expectations/preference_pairs.json``.
+
+    max_text_chars: the upper bound on prompt, chosen and rejected lengths (characters). Outputs and errors as
+    :func:`validate_problems`.
+    """
+    return _validate(
+        "preference_pairs",
+        path,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=max_bad_row_rate,
+        parameters={"max_text_chars": max_text_chars},
+    )
+
+
+# ------------------------------------------------------------------------------------------------- reports
+
+
+def failure_summary(reports: Sequence[DatasetReport]) -> str:
+    """A multi-line, human-readable account of every dataset that failed (empty string when all passed)."""
+    failed = [r for r in reports if not r.passed]
+    if not failed:
+        return ""
+    out = [f"validation failed for {len(failed)} of {len(reports)} dataset(s):"]
+    for r in failed:
+        out.append(f"  {r.name} ({r.source}):")
+        out.extend(f"    - {line}" for line in r.problems())
+        out.extend(f"    - {note}" for note in r.notes)
+        out.append(f"    quarantined rows and their reasons: {r.quarantine}")
+    return "\n".join(out)
+
+
+def ensure_passed(reports: Sequence[DatasetReport]) -> None:
+    """Raise :class:`ValidationFailed` (message: :func:`failure_summary`) when any dataset failed."""
+    if any(not r.passed for r in reports):
+        raise ValidationFailed(reports)
+
+
+def report_dict(reports: Sequence[DatasetReport]) -> dict[str, Any]:
+    """The JSON validation report (DVC metrics): ``{passed, datasets: {name: fields of DatasetReport}}``."""
+    datasets = {}
+    for r in reports:
+        d = asdict(r)
+        d["bad_row_rate"] = round(r.bad_row_rate, 6)
+        d["critical_failed"], d["skipped"], d["notes"] = (
+            list(r.critical_failed),
+            list(r.skipped),
+            list(r.notes),
+        )
+        datasets[r.name] = d
+    return {"passed": all(r.passed for r in reports), "datasets": datasets}
+
+
+def report_markdown(reports: Sequence[DatasetReport]) -> str:
+    """The validation report for people: a summary table, then each dataset's failing expectations."""
+    status = "PASSED" if all(r.passed for r in reports) else "FAILED"
+    out = [
+        "# Validation report",
+        "",
+        f"**{status}**",
+        "",
+        "| dataset | rows in | valid | quarantined | bad-row rate | threshold | result |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in reports:
+        out.append(
+            f"| {r.name} | {r.rows_in} | {r.rows_valid} | {r.rows_quarantined} | {r.bad_row_rate:.2%} "
+            f"| {r.max_bad_row_rate:.2%} | {'passed' if r.passed else 'FAILED'} |"
+        )
+    for r in reports:
+        out += ["", f"## {r.name}", "", f"Source: `{r.source}`; quarantine: `{r.quarantine}`.", ""]
+        out += [f"- **{line}**" for line in r.problems()]
+        out += [f"- {note}" for note in r.notes]
+        if r.skipped:
+            out.append(f"- skipped: {', '.join(r.skipped)}")
+        failing = {k: v for k, v in r.failures.items() if v}
+        if failing:
+            out += ["", "| expectation | rows |", "|---|---:|"]
+            out += [f"| {k}{' (critical)' if k in r.critical_failed else ''} | {v} |" for k, v in failing.items()]
+        elif not r.notes and not r.critical_failed:
+            out.append("Every row met every expectation.")
+    return "\n".join(out) + "\n"
+
+
+def write_report(reports: Sequence[DatasetReport], json_path: str | Path, md_path: str | Path) -> None:
+    """Write :func:`report_dict` (JSON) to ``json_path`` and :func:`report_markdown` to ``md_path``."""
+    _write_lines(Path(json_path), [json.dumps(report_dict(reports), indent=2, sort_keys=True)])
+    _write_lines(Path(md_path), [report_markdown(reports).rstrip("\n")])
