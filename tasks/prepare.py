@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PrepareConfig
 from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
+from tasks.jsonl import parse_line
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function so that it does what its docstring says."
 SCHEMA_DEFAULTS: dict[str, Any] = {
@@ -83,13 +84,8 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
         raise FileNotFoundError(f"prepare.user_problems: {path} does not exist")
     lines = []
     for raw in file.read_bytes().split(b"\n"):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            row = None
-        if not isinstance(row, dict):
+        row = parse_line(raw, len(lines) + 1).obj
+        if row is None:
             lines.append(raw.decode("utf-8", errors="surrogateescape") if raw else "")
             continue
         for key, value in SCHEMA_DEFAULTS.items():
