@@ -59,7 +59,7 @@ def test_report_counts_splits():
         {
             "split": "train",
             "family": "a",
-            "source": "generated:v1",
+            "source": "user:x.jsonl",
             "task_id": "x",
             "prompt": "p",
             "entry_point": "f",
