@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from models.passk import pass_at_k
+from models.prompts import user_message
 from models.sampling import SamplingConfig, build_chat_prompt, sample
 
 
@@ -74,7 +75,7 @@ def sample_and_verify(
     Returns:
         one :class:`ProblemResult` per problem, in input order.
     """
-    prompts = [build_chat_prompt(tokenizer, p["instruction"], p["prompt"]) for p in problems]
+    prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
     completions = sample(model, tokenizer, prompts, sampling, progress=progress)
     jobs = [
         (assemble_program(p, c.code), p["test"], p["entry_point"])
