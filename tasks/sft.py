@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models.checkpoint import CheckpointMismatchError
 from models.sft import SFTConfig
 from tasks.tracking import mlflow_emit
 
@@ -24,9 +25,7 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
     model, tokenizer = load_policy(base, dtype=dtype)
     try:
         result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=True)
-    except ValueError as exc:
-        if "checkpoint" not in str(exc):
-            raise
+    except CheckpointMismatchError:
         model, tokenizer = load_policy(base, dtype=dtype)
         result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=False)
     metrics = {

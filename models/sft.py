@@ -1,0 +1,721 @@
+"""Supervised fine-tuning (SFT) on the reference solutions, with the loss on the answer tokens only.
+
+One training example is a chat: the user asks for a function (instruction + signature/docstring in a fenced
+block, exactly the prompt the sampler and the pass@16 gate use), the assistant answers in the project's answer
+format: one short explanation sentence, then one fenced python block with the step-wise commented solution.
+
+The loop, top to bottom (`train_sft`):
+
+1. tokenise: chat template over [user, assistant]; labels are -100 on the prompt (system + user + the
+   assistant header) and on padding, so the loss is the mean negative log-likelihood of the answer tokens
+   only;
+2. a seeded, checkpointed data order (a fresh ``torch.Generator`` permutation per epoch);
+3. each optimizer step takes ``grad_accum_steps`` micro-batches of ``batch_size`` examples, dynamically padded
+   (or packed without padding); the loss of every micro-batch is divided by the number of answer tokens of the
+   *whole* accumulated batch, so accumulation is exactly equivalent to one big batch even with unequal lengths
+   (the normalisation HF transformers/TRL adopted in late 2024 with ``num_items_in_batch``);
+4. AdamW, gradient clipping, cosine schedule with linear warm-up;
+5. held-out loss every ``eval_every`` steps, early stopping after ``early_stopping_patience`` evaluations
+   without improvement, the best weights restored at the end;
+6. exact-resume checkpoints (weights, optimizer, scheduler, every RNG, data-order position), written
+   atomically;
+7. outputs: the LoRA adapter (``adapter/``) and a merged full checkpoint with the tokenizer (``merged/``).
+
+Metrics go through ``emit(metrics, step)``: ``sft/loss``, ``sft/learning_rate``, ``sft/grad_norm``,
+``sft/tokens_per_s``, ``sft/epoch`` every step; ``sft/eval_loss`` at every evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from models.prompts import fenced, reference_code, user_message
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE_INDEX = -100
+_MIXED_PRECISION = ("auto", "bf16", "no")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """The ``sft`` section of params.yaml.
+
+    Attributes:
+        lora: train LoRA adapters (True) or every weight of the model (False).
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator; the update is ``(lora_alpha / lora_r) · B A``.
+        lora_dropout: dropout on the adapters' input during training.
+        lora_target_modules: ``"auto"`` = every linear layer but the LM head (all attention and MLP
+            projections: q/k/v/o_proj, gate/up/down_proj on Llama-like models; peft's ``"all-linear"``),
+            or a comma-separated list of module names.
+        learning_rate: peak AdamW learning rate.
+        weight_decay: AdamW decoupled weight decay, applied to matrices only (not to biases or norm gains).
+        batch_size: examples per micro-batch.
+        grad_accum_steps: micro-batches per optimizer step (examples per step = batch_size ×
+            grad_accum_steps).
+        max_steps: optimizer steps; 0 means ``ceil(epochs × n_train / (batch_size × grad_accum_steps))``.
+        epochs: passes over the training set when `max_steps` is 0 (may be fractional).
+        warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
+        max_grad_norm: clip the global gradient L2 norm to this; 0 disables clipping (the norm is still
+            logged).
+        max_seq_len: longest tokenised example (prompt + answer, tokens); longer answers are truncated on
+            the right, a prompt that leaves no room for the answer is an error.
+        eval_every: evaluate the held-out loss every this many steps (and after the last step); 0 disables.
+        early_stopping_patience: stop after this many evaluations in a row without a lower held-out loss;
+            0 disables early stopping.
+        seed: seeds Python, NumPy, torch (LoRA initialisation, dropout) and the data order.
+        checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 disables.
+        packing: concatenate each micro-batch into one row without padding (position ids restart per example,
+            attention stays within each example); same loss as padding, less wasted compute on mixed lengths.
+            False pads each micro-batch to its longest example (dynamic padding).
+        device: "auto" (CUDA when available, else CPU), or a torch device string.
+        mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none elsewhere (CPU trains in
+            the model's own dtype, float32 by default); "bf16" = bf16 autocast on any device; "no" = none.
+            Autocast keeps the weights in the dtype they were loaded in: for full fine-tuning on a GPU load
+            the model in float32, so AdamW updates float32 weights (LoRA adapters are float32 anyway).
+    """
+
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "auto"
+    learning_rate: float = 2e-4
+    weight_decay: float = 0.0
+    batch_size: int = 8
+    grad_accum_steps: int = 1
+    max_steps: int = 0
+    epochs: float = 2.0
+    warmup_ratio: float = 0.05
+    max_grad_norm: float = 1.0
+    max_seq_len: int = 512
+    eval_every: int = 50
+    early_stopping_patience: int = 3
+    seed: int = 0
+    checkpoint_every: int = 50
+    packing: bool = False
+    device: str = "auto"
+    mixed_precision: str = "auto"
+
+    def __post_init__(self):
+        positive = ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len")
+        non_negative = (
+            "max_steps",
+            "eval_every",
+            "early_stopping_patience",
+            "checkpoint_every",
+            "max_grad_norm",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_steps == 0 and self.epochs <= 0:
+            raise ValueError("sft.epochs must be > 0 when sft.max_steps is 0")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"sft.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.learning_rate < 0 or self.weight_decay < 0:
+            raise ValueError("sft.learning_rate and sft.weight_decay must be >= 0")
+        if self.mixed_precision not in _MIXED_PRECISION:
+            raise ValueError(f"sft.mixed_precision must be one of {_MIXED_PRECISION}, got {self.mixed_precision!r}")
+
+
+@dataclass
+class SFTResult:
+    """What `train_sft` returns.
+
+    Attributes:
+        global_step: optimizer steps done.
+        best_eval_loss: lowest held-out loss (nats per answer token), None without evaluation.
+        best_step: the step of `best_eval_loss` (its weights are the ones exported), None without evaluation.
+        stopped_early: training ended by early stopping.
+        history: every emitted record, ``{"step": int, <metric>: float, ...}``, in order (resumed runs
+            included).
+        adapter_path: the LoRA adapter directory (peft ``save_pretrained``), None in full fine-tuning.
+        merged_path: full checkpoint + tokenizer directory, loadable with ``from_pretrained``.
+        n_train_examples: training examples.
+        n_truncated: training examples whose answer was cut at `max_seq_len`.
+        trainable_params: parameters updated by the optimizer.
+        target_modules: the layer names carrying LoRA adapters (e.g. ``["down_proj", ..., "v_proj"]``), empty
+            in full fine-tuning.
+    """
+
+    global_step: int
+    best_eval_loss: float | None
+    best_step: int | None
+    stopped_early: bool
+    history: list[dict] = field(repr=False)
+    adapter_path: Path | None
+    merged_path: Path
+    n_train_examples: int
+    n_truncated: int
+    trainable_params: int
+    target_modules: list[str]
+
+
+# ----------------------------------------------------------------------------------------------- rendering
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])|\n")
+_REQUEST = re.compile(
+    r"^(?:please\s+)?(?:write|implement|create|define|build|complete)\s+(?:a|an|the)\s+(?:\w+\s+)?"
+    r"(?:python\s+)?function(?:\s+`[^`]+`|\s+\w+\([^)]*\))?,?\s+(?:that|which)\s+(?P<what>\S.*)$",
+    re.IGNORECASE,
+)
+
+
+def render_user_message(problem: dict) -> str:
+    """The user turn (`models.prompts.user_message`), identical to what sampling, the gate and RL ask, so SFT
+    trains on exactly the prompts the model is later asked."""
+    return user_message(problem)
+
+
+def explanation_sentence(problem: dict) -> str:
+    """One short sentence introducing the solution, derived from the instruction's first sentence.
+
+    "Write a function `clean` that strips each string and drops empty ones." gives "The function `clean` below
+    strips each string and drops empty ones; each step is commented." (the clause is kept verbatim). An
+    instruction of another shape gives "Here is the completed `<entry_point>` function." (plus the step note
+    when the solution has step comments).
+    """
+    first = _SENTENCE_END.split(problem["instruction"].strip(), maxsplit=1)[0].strip().rstrip(".!?:; ")
+    steps = "; each step is commented" if problem.get("steps") else ""
+    match = _REQUEST.match(first)
+    if match:
+        return f"The function `{problem['entry_point']}` below {match['what']}{steps}."
+    return f"Here is the completed `{problem['entry_point']}` function{steps}."
+
+
+def render_answer(problem: dict) -> str:
+    """The assistant turn: `explanation_sentence`, a blank line, then the complete reference program
+    (`models.prompts.reference_code`, with its ``# Step k:`` comments) in one fenced python block, which
+    `models.sampling.extract_code` reads back."""
+    return f"{explanation_sentence(problem)}\n\n{fenced(reference_code(problem))}"
+
+
+def render_messages(problem: dict) -> list[dict[str, str]]:
+    """``[user, assistant]`` chat messages of one problem (`render_user_message`, `render_answer`)."""
+    return [
+        {"role": "user", "content": render_user_message(problem)},
+        {"role": "assistant", "content": render_answer(problem)},
+    ]
+
+
+# ------------------------------------------------------------------------------------------- tokenisation
+
+
+def _template_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_sft_examples(
+    tokenizer,
+    rows: Sequence[dict],
+    render: Callable[[dict], list[dict[str, str]]] = render_messages,
+    max_seq_len: int | None = None,
+) -> list[dict[str, Any]]:
+    """Tokenise problems into SFT examples with the loss on the answer tokens only.
+
+    For each row, ``messages = render(row)`` (the last message is the assistant's answer). The full sequence
+    is the chat template over all messages; the prompt is the template over the other messages with
+    ``add_generation_prompt=True`` (the context the model sees at inference), and must be a token prefix of
+    the full sequence. The answer runs to the tokenizer's eos token (the template's end-of-turn, e.g.
+    ``<|im_end|>``) inclusive: whatever the template adds after it (a newline in ChatML) is never generated
+    and is dropped.
+
+    Returns:
+        one dict per row: ``input_ids`` (list[int], length L ≤ max_seq_len), ``labels`` (list[int], length L,
+        -100 on the ``n_prompt_tokens`` prompt tokens, the token ids on the answer), ``n_prompt_tokens``
+        (int), ``truncated`` (bool: the answer was cut at `max_seq_len`).
+
+    Raises:
+        ValueError: the last message is not the assistant's; the rendered prompt is not a token prefix of the
+            rendered conversation (a chat template that renders the prompt differently, or tokens merging
+            across the boundary); an empty answer; a prompt of `max_seq_len` tokens or more (the message
+            names the row).
+    """
+    examples = []
+    for index, row in enumerate(rows):
+        name = row.get("task_id", f"row {index}")
+        messages = render(row)
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError(f"{name}: render() must end with the assistant's message")
+        prompt_ids = _template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+        full_ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+        n_prompt = len(prompt_ids)
+        if full_ids[:n_prompt] != prompt_ids:
+            at = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids, strict=False)) if a != b), n_prompt)
+            raise ValueError(
+                f"{name}: the tokenised prompt (chat template with add_generation_prompt=True) is not a "
+                f"prefix of the tokenised conversation; they diverge at token {at}: prompt has "
+                f"{tokenizer.decode(prompt_ids[at : at + 8])!r}, conversation has "
+                f"{tokenizer.decode(full_ids[at : at + 8])!r}. Use a chat template whose generation prompt "
+                "is exactly the start of the rendered assistant turn."
+            )
+        answer = full_ids[n_prompt:]
+        eos = tokenizer.eos_token_id
+        if eos is not None and eos in answer:
+            answer = answer[: len(answer) - answer[::-1].index(eos)]
+        if not answer:
+            raise ValueError(f"{name}: the rendered answer is empty")
+        if max_seq_len is not None and n_prompt >= max_seq_len:
+            raise ValueError(
+                f"{name}: the prompt has {n_prompt} tokens, leaving no room for the answer within "
+                f"max_seq_len={max_seq_len}; raise sft.max_seq_len or shorten the problem"
+            )
+        input_ids = prompt_ids + answer
+        truncated = max_seq_len is not None and len(input_ids) > max_seq_len
+        if truncated:
+            input_ids = input_ids[:max_seq_len]
+        labels = [IGNORE_INDEX] * n_prompt + input_ids[n_prompt:]
+        examples.append({"input_ids": input_ids, "labels": labels, "n_prompt_tokens": n_prompt, "truncated": truncated})
+    return examples
+
+
+def collate(examples: Sequence[dict], pad_token_id: int, packing: bool = False) -> dict[str, torch.Tensor]:
+    """Batch examples for a forward pass.
+
+    Dynamic padding (``packing=False``): right-pad to the longest example: ``input_ids`` (B, T) padded with
+    `pad_token_id`, ``labels`` (B, T) padded with -100, ``attention_mask`` (B, T) 1 on real tokens.
+
+    Packing (``packing=True``): one row of all examples back to back, no padding: ``input_ids``/``labels``
+    (1, ΣL), ``position_ids`` (1, ΣL) restarting at 0 for each example. Without an attention mask,
+    transformers reads the restarts as sequence boundaries and keeps attention within each example
+    (``masking_utils.find_packed_sequence_indices``; the model must be called with ``use_cache=False``). Each
+    example's first label is a prompt token (-100), so no loss crosses a boundary.
+    """
+    import torch
+
+    if packing:
+        ids = [t for ex in examples for t in ex["input_ids"]]
+        labels = [t for ex in examples for t in ex["labels"]]
+        positions = [p for ex in examples for p in range(len(ex["input_ids"]))]
+        return {
+            "input_ids": torch.tensor([ids]),
+            "labels": torch.tensor([labels]),
+            "position_ids": torch.tensor([positions]),
+        }
+    width = max(len(ex["input_ids"]) for ex in examples)
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, ex in enumerate(examples):
+        n = len(ex["input_ids"])
+        input_ids[row, :n] = torch.tensor(ex["input_ids"])
+        labels[row, :n] = torch.tensor(ex["labels"])
+        attention_mask[row, :n] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def _supports_logits_mask(model) -> bool:
+    """Whether the model's forward accepts a boolean (B, T) ``logits_to_keep`` (transformers models built on
+    ``slice_logits_to_keep``), so the LM head runs on the answer positions only."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    module = sys.modules.get(type(base).__module__)
+    return getattr(module, "slice_logits_to_keep", None) is not None
+
+
+def answer_nll(model, batch: dict[str, torch.Tensor], logits_mask: bool | None = None) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood of the answer tokens of a batch, and how many there are.
+
+    Position t predicts token t+1; the positions whose next label is -100 (prompt, padding) are skipped. When
+    the model supports it the LM head is applied to the kept positions only (``logits_to_keep`` mask), which
+    saves the (B, T, V) logits of the prompt and padding. The cross-entropy is taken in float32.
+
+    Args:
+        model: a causal LM (or a peft wrapper of one).
+        batch: `collate` output on the model's device.
+        logits_mask: use the ``logits_to_keep`` mask; None decides with `_supports_logits_mask`.
+
+    Returns:
+        ``(nll_sum, n_tokens)``: a scalar tensor (nats, differentiable) and the number of answer tokens.
+    """
+    import torch.nn.functional as F
+
+    labels = batch["labels"]  # (B, T)
+    targets = labels[:, 1:]  # (B, T-1): the token each position predicts
+    keep = targets != IGNORE_INDEX  # (B, T-1)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if logits_mask is None:
+        logits_mask = _supports_logits_mask(model)
+    if logits_mask:
+        keep_full = F.pad(keep, (0, 1), value=False)  # (B, T): the last position predicts nothing
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep_full).logits  # (N, V)
+    else:
+        logits = model(**inputs, use_cache=False).logits[:, :-1][keep]  # (N, V)
+    nll = F.cross_entropy(logits.float(), targets[keep], reduction="sum")
+    return nll, int(keep.sum())
+
+
+def evaluate_loss(
+    model, examples: Sequence[dict], batch_size: int, pad_token_id: int, packing: bool = False, autocast=None
+) -> float:
+    """Mean held-out negative log-likelihood per answer token (nats), over all of `examples`.
+
+    Runs in eval mode without gradients and restores the model's previous mode. `autocast` is a
+    context-manager factory (e.g. ``lambda: torch.autocast("cuda", torch.bfloat16)``) or None.
+
+    Raises:
+        ValueError: `examples` has no answer token.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(examples), batch_size):
+                batch = collate(examples[start : start + batch_size], pad_token_id, packing)
+                with autocast() if autocast else contextlib.nullcontext():
+                    nll, n = answer_nll(model, {k: v.to(device) for k, v in batch.items()})
+                total += nll.item()
+                count += n
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("no answer tokens to evaluate")
+    return total / count
+
+
+# ------------------------------------------------------------------------------------------- training loop
+
+
+class DataOrder:
+    """An endless, seeded stream of example indices: a fresh permutation (``torch.randperm`` from its own
+    generator) for every epoch, so batches may span an epoch boundary. Its position is checkpointed."""
+
+    def __init__(self, n: int, seed: int):
+        import torch
+
+        if n < 1:
+            raise ValueError("no training examples")
+        self.n = n
+        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0
+        self.cursor = 0
+        self.order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        import torch
+
+        return torch.randperm(self.n, generator=self.generator).tolist()
+
+    def take(self, k: int) -> list[int]:
+        """The next `k` indices."""
+        out = []
+        while len(out) < k:
+            if self.cursor == self.n:
+                self.order, self.cursor, self.epoch = self._permutation(), 0, self.epoch + 1
+            out.append(self.order[self.cursor])
+            self.cursor += 1
+        return out
+
+    @property
+    def epochs_done(self) -> float:
+        """Epochs consumed, fractional."""
+        return self.epoch + self.cursor / self.n
+
+    def state_dict(self) -> dict:
+        """Position in the stream (JSON); the generator state is checkpointed with the other RNGs."""
+        return {"n": self.n, "epoch": self.epoch, "cursor": self.cursor, "order": self.order}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["n"] != self.n:
+            raise ValueError(f"data order was saved for {state['n']} examples, not {self.n}")
+        self.epoch, self.cursor, self.order = state["epoch"], state["cursor"], list(state["order"])
+
+
+class EarlyStopping:
+    """Tracks the best held-out loss; `should_stop` after `patience` evaluations in a row without a strictly
+    lower loss (patience 0 never stops)."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.bad_evals = 0
+
+    def update(self, loss: float, step: int) -> bool:
+        """Record an evaluation; True when it is a new best."""
+        if self.best is None or loss < self.best:
+            self.best, self.best_step, self.bad_evals = loss, step, 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad_evals >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step, self.bad_evals = state["best"], state["best_step"], state["bad_evals"]
+
+
+def _fingerprint(cfg: SFTConfig, train: Sequence[dict], evals: Sequence[dict]) -> str:
+    """Hash of the config and the tokenised data: a checkpoint only resumes the run that wrote it."""
+    payload = json.dumps(
+        [
+            dataclasses.asdict(cfg),
+            [(e["input_ids"], e["labels"]) for e in train],
+            [e["input_ids"] for e in evals],
+        ]
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _autocast_factory(mixed_precision: str, device: str):
+    import torch
+
+    kind = device.split(":")[0]
+    if mixed_precision == "auto":
+        use = kind == "cuda" and torch.cuda.is_bf16_supported()
+    else:
+        use = mixed_precision == "bf16"
+    return (lambda: torch.autocast(kind, dtype=torch.bfloat16)) if use else None
+
+
+def _optimizer(model, cfg: SFTConfig):
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate), params
+
+
+def train_sft(
+    model,
+    tokenizer,
+    train_rows: Sequence[dict],
+    eval_rows: Sequence[dict],
+    cfg: SFTConfig,
+    out_dir: Path,
+    emit: Callable[[dict, int], None] = lambda m, s: None,
+    resume: bool = True,
+) -> SFTResult:
+    """Fine-tune `model` on the reference answers of `train_rows` (see the module docstring for the loop).
+
+    Args:
+        model: a causal LM (``PreTrainedModel``), e.g. from `models.policy.load_policy`; it is moved to
+            ``cfg.device`` and modified in place: with LoRA it is wrapped, trained, then merged, so on return
+            it holds the merged weights (the best evaluated ones when evaluation ran).
+        tokenizer: its tokenizer, with a chat template and a pad (or eos) token.
+        train_rows, eval_rows: problems in the data/README.md schema; `eval_rows` may be empty (no
+            evaluation).
+        cfg: the configuration.
+        out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``adapter/`` (LoRA only) and
+            ``merged/``.
+        emit: metrics callback ``emit(metrics, step)``; an exception raised there aborts training (the last
+            checkpoint stays valid).
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints`` when there is one; False
+            deletes existing checkpoints and starts over.
+
+    Returns:
+        an `SFTResult`.
+
+    Raises:
+        ValueError: no training examples, a tokenizer without pad/eos token, rendering errors (see
+            `build_sft_examples`).
+        models.checkpoint.CheckpointMismatchError (a ValueError): ``resume=True`` found a checkpoint written
+            with another config or other data.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    from models.checkpoint import (
+        CheckpointMismatchError,
+        capture_rng_state,
+        latest_checkpoint,
+        load_checkpoint,
+        load_trainable_state_dict,
+        restore_rng_state,
+        save_checkpoint,
+        set_seed,
+        trainable_state_dict,
+    )
+    from models.lora import apply_lora, count_parameters, targeted_module_names
+    from models.policy import resolve_device
+
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    train = build_sft_examples(tokenizer, train_rows, max_seq_len=cfg.max_seq_len)
+    evals = build_sft_examples(tokenizer, eval_rows, max_seq_len=cfg.max_seq_len) if eval_rows else []
+    if not train:
+        raise ValueError("no training examples")
+    per_step = cfg.batch_size * cfg.grad_accum_steps
+    total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step)
+    device = resolve_device(cfg.device)
+    autocast = _autocast_factory(cfg.mixed_precision, device)
+
+    set_seed(cfg.seed)
+    if cfg.lora:
+        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    model.to(device)
+    model.train()
+    optimizer, params = _optimizer(model, cfg)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    order = DataOrder(len(train), cfg.seed)
+    stopper = EarlyStopping(cfg.early_stopping_patience)
+    logits_mask = _supports_logits_mask(model)
+    fingerprint = _fingerprint(cfg, train, evals)
+    step, stopped_early, history, best_weights = 0, False, [], None
+
+    latest = latest_checkpoint(ckpt_root) if resume else None
+    if not resume:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+    if latest is not None:
+        ckpt = load_checkpoint(latest)
+        if ckpt.state["fingerprint"] != fingerprint:
+            raise CheckpointMismatchError(
+                f"{latest} was written by a run with another sft config or other data; delete "
+                f"{ckpt_root} (or pass resume=False) to start over"
+            )
+        load_trainable_state_dict(model, ckpt.tensors["trainable"])
+        optimizer.load_state_dict(ckpt.objects["optimizer"])
+        scheduler.load_state_dict(ckpt.objects["scheduler"])
+        order.load_state_dict(ckpt.state["data_order"])
+        stopper.load_state_dict(ckpt.state["early_stopping"])
+        restore_rng_state(ckpt.objects["rng"], {"data": order.generator})
+        step, stopped_early, history = ckpt.step, ckpt.state["stopped_early"], ckpt.state["history"]
+        best_weights = ckpt.tensors.get("best")
+
+    def record(metrics: dict, at: int) -> None:
+        history.append({"step": at, **metrics})
+        emit(metrics, at)
+
+    def write_checkpoint() -> None:
+        tensors = {"trainable": trainable_state_dict(model)}
+        if best_weights is not None:
+            tensors["best"] = best_weights
+        save_checkpoint(
+            ckpt_root,
+            step,
+            tensors=tensors,
+            objects={
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": capture_rng_state({"data": order.generator}),
+            },
+            state={
+                "fingerprint": fingerprint,
+                "data_order": order.state_dict(),
+                "early_stopping": stopper.state_dict(),
+                "stopped_early": stopped_early,
+                "history": history,
+            },
+        )
+
+    bar = tqdm(total=total_steps, initial=step, desc="sft", disable=None)
+    while step < total_steps and not stopped_early:
+        started = time.perf_counter()
+        chunks = [[train[i] for i in order.take(cfg.batch_size)] for _ in range(cfg.grad_accum_steps)]
+        micro = [collate(chunk, pad_id, cfg.packing) for chunk in chunks]
+        # One normaliser for the whole accumulated batch: every answer token weighs the same, whichever
+        # micro-batch it is in (a per-micro-batch mean would overweight the tokens of short micro-batches).
+        n_answer = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
+        n_input = sum(len(ex["input_ids"]) for chunk in chunks for ex in chunk)  # padding excluded
+        total_nll = 0.0
+        for batch in micro:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            with autocast() if autocast else contextlib.nullcontext():
+                nll, _ = answer_nll(model, batch, logits_mask)
+            (nll / n_answer).backward()
+            total_nll += nll.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        elapsed = time.perf_counter() - started
+        loss = total_nll / n_answer
+        record(
+            {
+                "sft/loss": loss,
+                "sft/learning_rate": lr,
+                "sft/grad_norm": float(grad_norm),
+                "sft/tokens_per_s": n_input / elapsed,
+                "sft/epoch": order.epochs_done,
+            },
+            step,
+        )
+        if evals and cfg.eval_every and (step % cfg.eval_every == 0 or step == total_steps):
+            eval_loss = evaluate_loss(model, evals, cfg.batch_size, pad_id, cfg.packing, autocast)
+            if stopper.update(eval_loss, step):
+                best_weights = trainable_state_dict(model)
+            stopped_early = stopper.should_stop
+            record({"sft/eval_loss": eval_loss}, step)
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == total_steps or stopped_early):
+            write_checkpoint()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}")
+    bar.close()
+
+    if best_weights is not None and stopper.best_step != step:
+        load_trainable_state_dict(model, best_weights)
+    model.eval()
+    trainable, _ = count_parameters(model)
+    target_modules = targeted_module_names(model) if cfg.lora else []
+    adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    return SFTResult(
+        global_step=step,
+        best_eval_loss=stopper.best,
+        best_step=stopper.best_step,
+        stopped_early=stopped_early,
+        history=history,
+        adapter_path=adapter_path,
+        merged_path=merged_path,
+        n_train_examples=len(train),
+        n_truncated=sum(e["truncated"] for e in train),
+        trainable_params=trainable,
+        target_modules=target_modules,
+    )
+
+
+def _export(model, tokenizer, out_dir: Path, lora: bool) -> tuple[Path | None, Path]:
+    """Write ``adapter/`` (LoRA) and ``merged/`` (weights + tokenizer), each atomically."""
+    from models.checkpoint import atomic_directory
+
+    adapter_path = None
+    if lora:
+        adapter_path = out_dir / "adapter"
+        with atomic_directory(adapter_path) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        model = model.merge_and_unload()
+    merged_path = out_dir / "merged"
+    with atomic_directory(merged_path) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return adapter_path, merged_path
