@@ -636,7 +636,7 @@ def train_sft(
             },
         )
 
-    bar = tqdm(total=total_steps, initial=step, desc="sft", disable=None)
+    bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0)  # also in logs (non-TTY)
     while step < total_steps and not stopped_early:
         started = time.perf_counter()
         chunks = [[train[i] for i in order.take(cfg.batch_size)] for _ in range(cfg.grad_accum_steps)]
