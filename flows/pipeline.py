@@ -8,6 +8,7 @@ what is up to date. A failing stage (a failed gate included) stops the flow; not
 from __future__ import annotations
 
 import graphlib
+import re
 import subprocess
 from pathlib import Path
 
@@ -32,10 +33,22 @@ def stage_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
 
     Ties keep the file's order. Raises ``graphlib.CycleError`` on a cyclic graph.
     """
-    stages: dict = (yaml.safe_load(Path(dvc_yaml).read_text()) or {}).get("stages", {})
+    dvc_yaml = Path(dvc_yaml)
+    stages: dict = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})
+    params_file = dvc_yaml.with_name("params.yaml")
+    params = (yaml.safe_load(params_file.read_text()) or {}) if params_file.exists() else {}
+
+    def interpolate(text: str) -> str:  # dvc.yaml's ${section.key} templating, from params.yaml
+        def value(match: re.Match) -> str:
+            node = params
+            for part in match[1].split("."):
+                node = node[part]
+            return str(node)
+
+        return re.sub(r"\$\{\s*([\w.]+)\s*\}", value, text)
 
     def paths(spec: dict, key: str) -> list[str]:
-        return [next(iter(x)) if isinstance(x, dict) else x for x in spec.get(key, [])]
+        return [interpolate(next(iter(x)) if isinstance(x, dict) else x) for x in spec.get(key, [])]
 
     outs = {name: paths(spec, "outs") + paths(spec, "metrics") + paths(spec, "plots") for name, spec in stages.items()}
     sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter()

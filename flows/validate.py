@@ -14,10 +14,12 @@ from prefect import flow
 from flows.prepare import PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.measure import validate_problems_task
+from tasks.measure import validate_logs_task, validate_pairs_task, validate_problems_task
 
 OUT = Path("data/validated")
 VALID_PROBLEMS = OUT / "problems.jsonl"
+VALID_LOGS = OUT / "feedback_logs.jsonl"
+VALID_PAIRS = OUT / "human_pairs.jsonl"
 QUARANTINE = OUT / "quarantine"
 REPORT_JSON = OUT / "report.json"
 REPORT_MD = OUT / "report.md"
@@ -29,8 +31,14 @@ def run(params_path: str = "params.yaml") -> dict:
     from tasks.validate import ensure_passed, report_dict, write_report
 
     params = load_params(params_path)
-    with tracking.stage_run("validate", params.tracking, params.validate, inputs=(str(PROBLEMS),)):
-        reports = [validate_problems_task(params, PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl")]
+    cfg = params.validate
+    inputs = (str(PROBLEMS), cfg.feedback_logs, cfg.human_pairs)
+    with tracking.stage_run("validate", params.tracking, cfg, inputs=inputs):
+        reports = [
+            validate_problems_task(params, PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl"),
+            validate_logs_task(cfg, Path(cfg.feedback_logs), VALID_LOGS, QUARANTINE / "feedback_logs.jsonl"),
+            validate_pairs_task(cfg, Path(cfg.human_pairs), VALID_PAIRS, QUARANTINE / "human_pairs.jsonl"),
+        ]
         write_report(reports, REPORT_JSON, REPORT_MD)
         tracking.log_artifacts(REPORT_JSON, REPORT_MD, QUARANTINE, artifact_path="validation")
         tracking.mlflow_emit(

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from models.sft import SFTConfig
+from tasks.mine import MineConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -66,6 +67,8 @@ class ValidateConfig:
     max_bad_row_rate_*: the stage fails when more than this fraction of a dataset's rows are quarantined.
     max_text_chars: length bound on prompt/response fields of feedback logs (characters).
     check_solutions: run every reference solution against its tests in the sandbox (a critical expectation).
+    feedback_logs: the feedback-log JSONL to validate and mine (the simulator's output by default; point it at real
+        logs in the schema of data/README.md). human_pairs: human-annotated preference pairs (JSONL; may be empty).
     """
 
     max_bad_row_rate_problems: float = Field(default=0.01, ge=0.0, le=1.0)
@@ -73,6 +76,22 @@ class ValidateConfig:
     max_bad_row_rate_pairs: float = Field(default=0.05, ge=0.0, le=1.0)
     max_text_chars: int = Field(default=20_000, ge=1)
     check_solutions: bool = True
+    feedback_logs: str = "data/simulated/feedback_logs.jsonl"
+    human_pairs: str = "data/raw/human_pairs.jsonl"
+
+
+@dataclass(frozen=True, config=_STRICT)
+class SimulateConfig:
+    """``simulate_logs``: the embedded default's feedback logs (no public production log ships offline).
+
+    n_events: events written (double clicks included). n_users: distinct users. n_prompts: distinct train problems
+    asked about. seed: the simulator's only randomness. The user behaviour model is ``tasks.simulate_logs.SimSettings``.
+    """
+
+    n_events: int = Field(default=20_000, ge=1)
+    n_users: int = Field(default=500, ge=1)
+    n_prompts: int = Field(default=300, ge=1)
+    seed: int = 0
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -155,6 +174,8 @@ class Params:
     prepare: PrepareConfig = PrepareConfig()
     validate: ValidateConfig = ValidateConfig()
     verifier: VerifierSection = VerifierSection()
+    simulate_logs: SimulateConfig = SimulateConfig()
+    mine: MineConfig = MineConfig()
     baseline: BaselineConfig = BaselineConfig()
     sft: SFTConfig = SFTConfig()
     gate: GateConfig = GateConfig()

@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import BaselineConfig, GateConfig, VerifierSection
+from tasks.config import BaselineConfig, GateConfig, ValidateConfig, VerifierSection
 
 
 def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
@@ -132,3 +132,33 @@ def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine
             max_bad_row_rate=cfg.max_bad_row_rate_problems,
             check_solutions=check,
         )
+
+
+@task(cache_policy=NO_CACHE)
+def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
+    """Feedback-log contract; PII and secrets are scrubbed from everything written (valid rows and quarantine)."""
+    from tasks.pii import scrub_text
+    from tasks.validate import validate_feedback_logs
+
+    return validate_feedback_logs(
+        source,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=cfg.max_bad_row_rate_logs,
+        max_text_chars=cfg.max_text_chars,
+        redact=scrub_text,
+    )
+
+
+@task(cache_policy=NO_CACHE)
+def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
+    """Human preference-pair contract (chosen ≠ rejected, non-empty)."""
+    from tasks.validate import validate_pairs
+
+    return validate_pairs(
+        source,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=cfg.max_bad_row_rate_pairs,
+        max_text_chars=cfg.max_text_chars,
+    )

@@ -94,6 +94,9 @@ UNIQUE_TYPES = frozenset({"expect_column_values_to_be_unique", "expect_compound_
 SolutionCheck = Callable[[list[dict[str, Any]]], Sequence[Any]]
 
 
+Redact = Callable[[str], str]
+
+
 class SuiteError(ValueError):
     """A suite file is missing, not JSON, not a valid GX suite, or breaks a convention of this stage."""
 
@@ -405,18 +408,35 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
     tmp.replace(path)
 
 
-def _quarantine_record(source: str, line: JsonlLine, reasons: list[tuple[int, str, str]]) -> str:
+def _quarantine_record(
+    source: str, line: JsonlLine, reasons: list[tuple[int, str, str]], redact: Redact | None = None
+) -> str:
     reasons = sorted(reasons)
+    reason = "; ".join(reason for _, _, reason in reasons)
+    raw = line.text
+    if redact is not None:  # reasons quote offending values, so they are scrubbed too
+        reason, raw = redact(reason), redact(raw)
     record = {
         "source": source,
         "line": line.line,
         "expectation": reasons[0][1],
         "expectations": [name for _, name, _ in reasons],
-        "reason": "; ".join(reason for _, _, reason in reasons),
-        "raw": line.text[:RAW_CHARS],
+        "reason": reason,
+        "raw": raw[:RAW_CHARS],
         "raw_chars": len(line.text),
     }
     return json.dumps(record, ensure_ascii=False)
+
+
+def _valid_text(line: JsonlLine, redact: Redact | None, fields: Sequence[str]) -> str:
+    """A valid line as written out: verbatim, or with its free-text ``fields`` scrubbed by ``redact``."""
+    if redact is None:
+        return line.text
+    obj = dict(line.obj or {})
+    for name in fields:
+        if isinstance(obj.get(name), str):
+            obj[name] = redact(obj[name])
+    return json.dumps(obj, ensure_ascii=False)
 
 
 def _validate(
@@ -428,6 +448,8 @@ def _validate(
     max_bad_row_rate: float,
     parameters: dict[str, Any],
     check_solutions: SolutionCheck | None = None,
+    redact: Redact | None = None,
+    redact_fields: Sequence[str] = (),
 ) -> DatasetReport:
     suite = load_suite(dataset)
     configs = [e.configuration.to_json_dict() for e in suite.expectations]
@@ -474,10 +496,12 @@ def _validate(
         findings.collect(_run_gx(late, clean.astype(object), parameters), clean, rows, parameters)
 
     source = str(path)
-    _write_lines(Path(out_valid), (ln.text for ln in lines if ln.line not in findings.rows))
+    _write_lines(
+        Path(out_valid), (_valid_text(ln, redact, redact_fields) for ln in lines if ln.line not in findings.rows)
+    )
     _write_lines(
         Path(out_quarantine),
-        (_quarantine_record(source, ln, findings.rows[ln.line]) for ln in lines if ln.line in findings.rows),
+        (_quarantine_record(source, ln, findings.rows[ln.line], redact) for ln in lines if ln.line in findings.rows),
     )
     rows_in, rows_quarantined = len(lines), len(findings.rows)
     rows_valid = sum(1 for ln in lines if ln.line not in findings.rows)
@@ -543,11 +567,14 @@ def validate_feedback_logs(
     *,
     max_bad_row_rate: float,
     max_text_chars: int = 20_000,
+    redact: Redact | None = None,
 ) -> DatasetReport:
     """Validate a feedback-log JSONL file against ``data/expectations/feedback_logs.json``.
 
     max_text_chars: the upper bound on prompt and response lengths (characters; the suite's ``max_text_chars``
-    parameter). Outputs and errors as :func:`validate_problems`.
+    parameter). redact: a text scrubber (e.g. ``tasks.pii.scrub_text``) applied before anything is written: to the
+    free-text fields of valid rows (prompt, response) and to quarantined lines and their reasons. Outputs and
+    errors as :func:`validate_problems`.
     """
     return _validate(
         "feedback_logs",
@@ -556,6 +583,8 @@ def validate_feedback_logs(
         out_quarantine,
         max_bad_row_rate=max_bad_row_rate,
         parameters={"max_text_chars": max_text_chars},
+        redact=redact,
+        redact_fields=("prompt", "response"),
     )
 
 

@@ -41,9 +41,15 @@ def test_values_are_loaded():
     [
         ({"prepare": {"bogus": 1}}, "prepare.bogus: unknown key; allowed keys: seed, n_problems"),
         ({"nosuchsection": {}}, "nosuchsection: unknown key; allowed keys: base_model, prepare"),
-        ({"prepare": {"n_problems": 5}}, "prepare.n_problems: Input should be greater than or equal to 100 (got 5)"),
+        (
+            {"prepare": {"n_problems": 5}},
+            "prepare.n_problems: Input should be greater than or equal to 100 (got 5)",
+        ),
         ({"prepare": {"val_frac": "a lot"}}, "prepare.val_frac: Input should be a valid number"),
-        ({"base_model": {"dtype": "int8"}}, "base_model.dtype: Input should be 'auto', 'float32', 'bfloat16' or"),
+        (
+            {"base_model": {"dtype": "int8"}},
+            "base_model.dtype: Input should be 'auto', 'float32', 'bfloat16' or",
+        ),
         ({"verifier": {"timeout_s": 0}}, "verifier.timeout_s: Input should be greater than 0"),
     ],
 )

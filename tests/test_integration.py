@@ -1,5 +1,6 @@
-"""Tiny end to end: prepare + validate through `dvc repro`, then through the Prefect umbrella flow (`didpo run`),
-with the MLflow parent/child runs and the Prefect flow runs asserted. Runs in a scratch copy of the project."""
+"""Tiny end to end of the data half: prepare → simulate_logs → validate → mine, through `dvc repro`, then through the
+Prefect umbrella flow (`didpo run`), with the MLflow parent/child runs and the Prefect flow runs asserted.
+Runs in a scratch copy of the project."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def project(tmp_path_factory):
             shutil.copy(src, root / name)
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["prepare"].update(n_problems=120, include_humaneval=True)
+    params["simulate_logs"].update(n_events=3000, n_users=80, n_prompts=40)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
         **os.environ,
@@ -78,9 +80,12 @@ def mlflow_runs(root: Path):
     return client, client.search_runs([experiment.experiment_id])
 
 
-def test_dvc_repro_prepare_validate(project):
+STAGES = ["mine", "prepare", "simulate_logs", "validate"]
+
+
+def test_dvc_repro_data_stages(project):
     root, env = project
-    sh(["dvc", "repro", "prepare", "validate"], root, env)
+    sh(["dvc", "repro", "mine"], root, env)  # and everything upstream of it
 
     lines = (root / "data/prepared/problems.jsonl").read_text().splitlines()
     problems = [json.loads(line) for line in lines]
@@ -95,13 +100,20 @@ def test_dvc_repro_prepare_validate(project):
     )
     assert problems_report["rows_quarantined"] == 0  # every reference solution passed its tests in the sandbox
 
-    status = sh(["dvc", "status", "prepare", "validate"], root, env).stdout
+    logs_report = report["datasets"]["feedback_logs"]
+    assert logs_report["rows_in"] == 3000 == logs_report["rows_valid"] + logs_report["rows_quarantined"]
+    mined = json.loads((root / "data/mined/report.json").read_text())
+    pairs = (root / "data/mined/pairs.jsonl").read_text().splitlines()
+    assert len(pairs) > 0 and all(set(json.loads(p)) >= {"prompt", "chosen", "rejected", "source"} for p in pairs)
+    assert mined  # the mining report exists and is non-empty
+
+    status = sh(["dvc", "status", *STAGES], root, env).stdout
     assert "up to date" in status, status
-    again = sh(["dvc", "repro", "prepare", "validate"], root, env).stdout
+    again = sh(["dvc", "repro", "mine"], root, env).stdout
     assert "didn't change" in again or "up to date" in again.lower(), again
 
     _, runs = mlflow_runs(root)
-    assert sorted(r.data.tags["didpo.stage"] for r in runs) == ["prepare", "validate"]
+    assert sorted(r.data.tags["didpo.stage"] for r in runs) == STAGES
 
 
 def test_didpo_run_through_prefect(project):
@@ -116,24 +128,24 @@ def test_didpo_run_through_prefect(project):
     server.start(timeout=120)
     try:
         run_env = {**env, "PREFECT_API_URL": server.api_url}
-        sh([str(BIN / "didpo"), "run", "--stages", "prepare,validate"], root, run_env)
+        sh([str(BIN / "didpo"), "run", "--stages", ",".join(STAGES)], root, run_env)
         flow_runs = asyncio.run(_flow_runs(server.api_url))
     finally:
         server.stop()
 
-    assert {"pipeline", "prepare", "validate"} <= set(flow_runs.values())
+    assert {"pipeline", *STAGES} <= set(flow_runs.values())
     client, runs = mlflow_runs(root)
     parents = [r for r in runs if r.data.tags["didpo.stage"] == "pipeline"]
     assert len(parents) == 1
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
-    assert sorted(r.data.tags["didpo.stage"] for r in children) == ["prepare", "validate"]
+    assert sorted(r.data.tags["didpo.stage"] for r in children) == STAGES
     assert all(r.info.status == "FINISHED" for r in children)
     validate_run = next(r for r in children if r.data.tags["didpo.stage"] == "validate")
     assert validate_run.data.params["validate.check_solutions"] == "True"
     assert validate_run.inputs.dataset_inputs, "the input data version is logged as a dataset input"
     assert any(a.path == "validation" for a in client.list_artifacts(validate_run.info.run_id))
     assert (root / ".dvc-remote").is_dir()  # outputs pushed to the default remote
-    assert "up to date" in sh(["dvc", "status", "prepare", "validate"], root, env).stdout
+    assert "up to date" in sh(["dvc", "status", *STAGES], root, env).stdout
 
 
 async def _flow_runs(api_url: str) -> dict[str, str]:

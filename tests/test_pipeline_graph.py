@@ -63,3 +63,22 @@ def test_repo_graph_is_ordered_and_every_stage_has_a_flow():
     for name, spec in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].items():
         assert spec["cmd"] == f"didpo stage {name}"
         assert f"flows/{name}.py" in spec["deps"]  # its own source file is a dependency
+
+
+def test_params_templating_in_deps_is_resolved(tmp_path):
+    (tmp_path / "params.yaml").write_text("validate:\n  feedback_logs: data/sim/logs.jsonl\n")
+    path = write(
+        tmp_path,
+        """
+stages:
+  validate:
+    cmd: x
+    deps:
+      - ${validate.feedback_logs}
+    outs: [data/valid]
+  simulate:
+    cmd: x
+    outs: [data/sim/logs.jsonl]
+""",
+    )
+    assert stage_order(path) == ["simulate", "validate"]

@@ -1,0 +1,34 @@
+"""Stage ``mine``: preference pairs from validated feedback logs (denoised, PII-scrubbed) + human pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from flows.validate import VALID_LOGS, VALID_PAIRS
+from tasks import tracking
+from tasks.config import load_params
+from tasks.feedback import read_frame, write_frame
+from tasks.io import write_json
+
+OUT = Path("data/mined")
+PAIRS = OUT / "pairs.jsonl"
+REPORT = OUT / "report.json"
+
+
+@flow(name="mine")
+def run(params_path: str = "params.yaml") -> dict:
+    """Mine, write pairs and the mining report (counts per rule, category, source); returns the report."""
+    from tasks.mine import EVENT_COLUMNS, HUMAN_COLUMNS, mine_pairs
+
+    params = load_params(params_path)
+    with tracking.stage_run("mine", params.tracking, params.mine, inputs=(str(VALID_LOGS), str(VALID_PAIRS))):
+        events = read_frame(VALID_LOGS, EVENT_COLUMNS)
+        human = read_frame(VALID_PAIRS, HUMAN_COLUMNS)
+        pairs, report = mine_pairs(events, params.mine, human_pairs=human if len(human) else None)
+        write_frame(pairs, PAIRS)
+        write_json(report, REPORT)
+        tracking.log_artifacts(REPORT, artifact_path="mine")
+        tracking.mlflow_emit({"mine/pairs": len(pairs), "mine/events": len(events)}, step=0)
+    return report

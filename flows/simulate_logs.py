@@ -1,0 +1,38 @@
+"""Stage ``simulate_logs``: realistic feedback logs for the embedded default; ground truth kept apart for benchmarks.
+
+The miner never reads data/simulated/ground_truth.jsonl; bench_mining.py uses it to measure precision and recall.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from flows.prepare import PROBLEMS
+from tasks import tracking
+from tasks.config import load_params
+from tasks.feedback import simulate, write_frame
+
+OUT = Path("data/simulated")
+LOGS = OUT / "feedback_logs.jsonl"
+GROUND_TRUTH = OUT / "ground_truth.jsonl"
+
+
+@flow(name="simulate_logs")
+def run(params_path: str = "params.yaml") -> dict:
+    """Simulate, write logs + ground truth; returns counts."""
+    params = load_params(params_path)
+    cfg = params.simulate_logs
+    with tracking.stage_run("simulate_logs", params.tracking, cfg, inputs=(str(PROBLEMS),)):
+        events, truth = simulate(PROBLEMS, cfg, params.verifier)
+        write_frame(events, LOGS)
+        write_frame(truth, GROUND_TRUTH)
+        counts = {
+            "simulate_logs/events": len(events),
+            "simulate_logs/users": events["user_id"].nunique(),
+            "simulate_logs/prompts": events["prompt"].nunique(),
+            "simulate_logs/up_rate": float((events["rating"] == "up").mean()),
+        }
+        tracking.mlflow_emit(counts, step=0)
+    return counts
