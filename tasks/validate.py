@@ -415,7 +415,11 @@ def _quarantine_record(
     reason = "; ".join(reason for _, _, reason in reasons)
     raw = line.text
     if redact is not None:  # reasons quote offending values, so they are scrubbed too
-        reason, raw = redact(reason), redact(raw)
+        reason = redact(reason)
+        if line.obj is not None:  # scrub the decoded strings: JSON escapes (``\\n``) would hide word boundaries
+            raw = json.dumps(_redact_values(line.obj, redact), ensure_ascii=False)
+        else:
+            raw = redact(raw.replace("\\n", "\n"))
     record = {
         "source": source,
         "line": line.line,
@@ -426,6 +430,17 @@ def _quarantine_record(
         "raw_chars": len(line.text),
     }
     return json.dumps(record, ensure_ascii=False)
+
+
+def _redact_values(obj: Any, redact: Redact) -> Any:
+    """``obj`` with every string inside it (keys kept) passed through ``redact``."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: _redact_values(v, redact) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redact_values(v, redact) for v in obj]
+    return obj
 
 
 def _valid_text(line: JsonlLine, redact: Redact | None, fields: Sequence[str]) -> str:
