@@ -26,19 +26,10 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.jsonl import iter_jsonl
+from tasks.schema import EVENT_FIELDS
 from tasks.validate import load_suite, validate_feedback_logs
 
-FIELDS = (
-    "event_id",
-    "ts",
-    "user_id",
-    "session_id",
-    "prompt",
-    "response",
-    "rating",
-    "category",
-    "model_version",
-)
+FIELDS = EVENT_FIELDS
 MAX_TEXT_CHARS = 20_000
 
 

@@ -31,23 +31,12 @@ from functools import cache
 from typing import Any
 
 from tasks.problem_families import FAMILIES, INSTRUCTION_TEMPLATES, Spec, Variant, catalogue, family_by_name
+from tasks.schema import PROBLEM_FIELDS
 
 GENERATOR_VERSION = "v1"
 SOURCE = f"generated:{GENERATOR_VERSION}"
 TASK_PREFIX = "DataClean"
-FIELDS = (
-    "task_id",
-    "prompt",
-    "entry_point",
-    "canonical_solution",
-    "test",
-    "steps",
-    "instruction",
-    "key_patterns",
-    "family",
-    "split",
-    "source",
-)
+FIELDS = PROBLEM_FIELDS
 SPLITS = ("train", "val", "test")
 _TYPING_NAMES = ("Any", "Dict", "List", "Optional", "Sequence", "Tuple")
 _TASK_ID = re.compile(rf"^{TASK_PREFIX}/([a-z_]+)/(\d+)$")

@@ -57,19 +57,10 @@ from pydantic.dataclasses import dataclass
 from scipy.stats import hypergeom
 
 from tasks.pii import PLACEHOLDERS, scrub_series
+from tasks.schema import EVENT_FIELDS, PAIR_FIELDS
 
-EVENT_COLUMNS = (
-    "event_id",
-    "ts",
-    "user_id",
-    "session_id",
-    "prompt",
-    "response",
-    "rating",
-    "category",
-    "model_version",
-)
-HUMAN_COLUMNS = ("prompt", "chosen", "rejected", "annotator", "dimension")
+EVENT_COLUMNS = EVENT_FIELDS
+HUMAN_COLUMNS = PAIR_FIELDS
 PAIR_COLUMNS = ("prompt", "chosen", "rejected", "source", "category", "user_id", "chosen_event_id", "rejected_event_id")
 
 

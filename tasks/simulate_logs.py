@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from tasks.schema import EVENT_FIELDS
+
 Check = Callable[[str, str, str], bool]
 
 QUALITY_WEIGHTS: dict[str, int] = {
@@ -60,17 +62,7 @@ QUALITY_WEIGHTS: dict[str, int] = {
 """Ground-truth quality weights; ``quality = Σ w·feature / QUALITY_SCALE`` ∈ [0, 1]."""
 QUALITY_SCALE = sum(QUALITY_WEIGHTS.values())
 
-EVENT_COLUMNS = (
-    "event_id",
-    "ts",
-    "user_id",
-    "session_id",
-    "prompt",
-    "response",
-    "rating",
-    "category",
-    "model_version",
-)
+EVENT_COLUMNS = EVENT_FIELDS
 BEHAVIOURS = ("careful", "upvoter", "downvoter", "random")
 
 

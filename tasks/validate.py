@@ -34,14 +34,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.generate import normalise_text as normalise_prompt  # the leakage key, one definition
 from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
+from tasks.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,33 +53,7 @@ RAW_CHARS = 2000  # quarantine records keep at most this many characters of the 
 HELD_OUT_SPLITS = frozenset({"val", "test", "humaneval"})
 
 # The fields of each dataset (data/README.md, DESIGN.md); always frame columns (null where absent).
-FIELDS = {
-    "problems": (
-        "task_id",
-        "prompt",
-        "entry_point",
-        "canonical_solution",
-        "test",
-        "steps",
-        "instruction",
-        "key_patterns",
-        "family",
-        "split",
-        "source",
-    ),
-    "feedback_logs": (
-        "event_id",
-        "ts",
-        "user_id",
-        "session_id",
-        "prompt",
-        "response",
-        "rating",
-        "category",
-        "model_version",
-    ),
-    "preference_pairs": ("prompt", "chosen", "rejected", "annotator", "dimension"),
-}
+FIELDS = {"problems": PROBLEM_FIELDS, "feedback_logs": EVENT_FIELDS, "preference_pairs": PAIR_FIELDS}
 DERIVED = {"problems": ("_no_train_leakage", "_solution_passes"), "feedback_logs": (), "preference_pairs": ()}
 
 # Expectations deciding whether a value is there with the right type: they run first (the "schema pass").
@@ -218,11 +193,6 @@ def _columns(kwargs: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ derived columns
-
-
-def normalise_prompt(prompt: str) -> str:
-    """Lowercase, remove digits, collapse whitespace runs to one space, strip: the leakage key."""
-    return re.sub(r"\s+", " ", re.sub(r"\d", "", prompt.lower())).strip()
 
 
 def prompt_hash(prompt: str) -> str:
