@@ -398,8 +398,11 @@ def f():
     others = [p for p in os.listdir("/proc") if p.isdigit() and os.stat("/proc/" + p).st_uid != os.getuid()]
     if others:
         seen.append("processes of other users: " + " ".join(others[:5]))
-    if {project!r} in os.listdir(os.path.dirname({project!r})) and os.listdir({project!r}):
-        seen.append("project folder listing")
+    try:  # the project's parent may itself be unreadable in the sandbox (e.g. a clone under /tmp): hidden too
+        if os.path.basename({project!r}) in os.listdir(os.path.dirname({project!r})) and os.listdir({project!r}):
+            seen.append("project folder listing")
+    except OSError:
+        pass
     import colorsys  # the standard library stays importable
     return seen
 """
