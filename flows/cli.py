@@ -85,14 +85,17 @@ def stage(
     if name not in STAGES:
         typer.secho(f"unknown stage '{name}'; stages: {', '.join(STAGES)}", fg="red", err=True)
         raise typer.Exit(2)
-    from tasks.config import ConfigError
+    from tasks.config import ConfigError, load_params
+    from tasks.measure import GateFailed
+    from tasks.validate import ValidationFailed
 
     try:
+        load_params(params)  # a bad params.yaml stops here, before any flow run or server starts
         _stage_flow(name)(params_path=str(params))
     except ConfigError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
-    except Exception as exc:  # a stage's own readable failure (validation, gate) ends the process non-zero
+    except (ValidationFailed, GateFailed, FileNotFoundError) as exc:  # readable failures: no traceback needed
         typer.secho(f"stage '{name}' failed: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
 
