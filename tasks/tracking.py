@@ -123,11 +123,16 @@ def _param(value: Any) -> str:
     return text[:6000]
 
 
+def metric_name(key: str) -> str:
+    """An MLflow-legal metric name: MLflow refuses ``@``, so ``eval/pass@16`` is logged as ``eval/pass_at_16``."""
+    return key.replace("@", "_at_")
+
+
 def mlflow_emit(metrics: dict[str, float], step: int) -> None:
-    """The MLflow implementation of a training loop's ``emit(metrics, step)`` callback."""
+    """The MLflow implementation of a loop's ``emit(metrics, step)`` callback (names via :func:`metric_name`)."""
     import mlflow
 
-    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+    mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items()}, step=step)
 
 
 def log_artifacts(*paths: str | Path, artifact_path: str | None = None) -> None:

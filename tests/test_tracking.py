@@ -41,7 +41,7 @@ def test_parent_and_child_runs(tracking_cfg, tmp_path):
         active = mlflow.active_run()
         mlflow.end_run()  # a stage runs in its own process, where no run is active yet
         with tracking.stage_run("prepare", tracking_cfg, cfg, inputs=(str(data),)) as run:
-            tracking.mlflow_emit({"prepare/n_problems": 42}, step=0)
+            tracking.mlflow_emit({"prepare/n_problems": 42, "baseline/val/pass@16": 0.25}, step=0)
             child_id = run.info.run_id
         mlflow.start_run(run_id=active.info.run_id)
     assert tracking.PARENT_ENV not in os.environ
@@ -53,6 +53,7 @@ def test_parent_and_child_runs(tracking_cfg, tmp_path):
     assert child.data.tags["git_commit"]
     assert child.data.params["prepare.seed"] == "3"
     assert child.data.metrics["prepare/n_problems"] == 42
+    assert child.data.metrics["baseline/val/pass_at_16"] == 0.25  # MLflow refuses "@" in names
     inputs = child.inputs.dataset_inputs
     assert [i.dataset.digest for i in inputs] == [hashlib.md5(data.read_bytes()).hexdigest()]
     assert client.get_run(parent_id).info.status == "FINISHED"
