@@ -50,6 +50,16 @@ def project(tmp_path_factory):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["prepare"].update(n_problems=120, include_humaneval=True)
     params["simulate_logs"].update(n_events=3000, n_users=80, n_prompts=40)
+    # the model stages run on a tiny random model saved as a local Hugging Face folder (no download, seconds)
+    from models.policy import build_tiny_causal_lm
+
+    model, tokenizer = build_tiny_causal_lm(seed=0)
+    model.save_pretrained(root / "tiny-model")
+    tokenizer.save_pretrained(root / "tiny-model")
+    params["base_model"]["name_or_path"] = str(root / "tiny-model")
+    params["baseline"].update(
+        n_samples=2, k=2, max_new_tokens=16, val_problems=2, humaneval_problems=2, temperature=1.0, top_p=1.0
+    )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {
         **os.environ,
@@ -66,7 +76,7 @@ def project(tmp_path_factory):
     sh(["dvc", "init", "-q"], root, env)
     sh(["dvc", "config", "core.analytics", "false"], root, env)
     sh(["dvc", "remote", "add", "-d", "local", str(root / ".dvc-remote")], root, env)
-    (root / ".gitignore").write_text("mlflow.db\nmlartifacts/\n.prefect/\n.dvc-remote/\n")
+    (root / ".gitignore").write_text("mlflow.db\nmlartifacts/\n.prefect/\n.dvc-remote/\ntiny-model/\n")
     sh(["git", "add", "-A"], root, env)
     sh(["git", "commit", "-qm", "init"], root, env)
     return root, env
@@ -155,3 +165,22 @@ async def _flow_runs(api_url: str) -> dict[str, str]:
         runs = await client.read_flow_runs()
         flows = {f.id: f.name for f in await client.read_flows()}
     return {str(r.id): flows[r.flow_id] for r in runs}
+
+
+def test_model_stages_on_a_tiny_model(project):
+    """base_model → baseline through `dvc repro`: a checkpoint saved, answers sampled, verified, pass@k logged."""
+    root, env = project
+    sh(["dvc", "repro", "baseline"], root, env)
+    assert (root / "data/checkpoints/base/config.json").exists()
+    metrics = json.loads((root / "data/baseline/metrics.json").read_text())
+    for split in ("val", "humaneval"):
+        m = metrics[split]
+        assert m["n_problems"] == 2 and m["n_samples"] == 2
+        assert 0.0 <= m["pass@1"] <= m["pass@2"] <= 1.0 and 0.0 <= m["test_pass_rate"] <= 1.0
+        rows = [json.loads(line) for line in (root / f"data/baseline/{split}_samples.jsonl").read_text().splitlines()]
+        assert [len(r["answers"]) for r in rows] == [2, 2] and all(len(r["reasons"]) == 2 for r in rows)
+    assert "up to date" in sh(["dvc", "status", "baseline"], root, env).stdout
+    _, runs = mlflow_runs(root)
+    baseline = [r for r in runs if r.data.tags["didpo.stage"] == "baseline"]
+    assert len(baseline) == 1 and baseline[0].info.status == "FINISHED"
+    assert "baseline/val/pass_at_2" in baseline[0].data.metrics
