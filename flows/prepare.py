@@ -8,14 +8,13 @@ from prefect import flow
 
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
+from tasks.io import write_json, write_lines
 from tasks.prepare import (
     generated_problems,
     humaneval_problems,
     prepare_report,
     serialise,
     user_problem_lines,
-    write_lines,
 )
 
 PROBLEMS = Path("data/prepared/problems.jsonl")

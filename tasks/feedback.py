@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.config import SimulateConfig, VerifierSection
+from tasks.io import atomic_write_lines
 from tasks.measure import make_verifier, read_problems
 
 
@@ -35,12 +36,7 @@ def simulate(problems_path: Path, cfg: SimulateConfig, verifier_cfg: VerifierSec
 @task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def write_frame(frame: pd.DataFrame, path: Path) -> None:
     """One JSON object per row (UTF-8, column order kept), written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in frame.to_dict(orient="records"):
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-    tmp.replace(path)
+    atomic_write_lines(path, (json.dumps(r, ensure_ascii=False, default=str) for r in frame.to_dict(orient="records")))
 
 
 def read_frame(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:

@@ -10,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.config import BaselineConfig, GateConfig, ValidateConfig, VerifierSection
+from tasks.io import atomic_write_lines
 
 
 def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
@@ -46,10 +47,7 @@ def write_results(results, path: Path) -> None:
     """Per-problem results (n, c, per-sample test fractions, reasons, answers) as JSONL, for people to read."""
     from dataclasses import asdict
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for r in results:
-            f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+    atomic_write_lines(path, (json.dumps(asdict(r), ensure_ascii=False) for r in results))
 
 
 @task(cache_policy=NO_CACHE)

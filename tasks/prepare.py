@@ -99,17 +99,6 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
     return lines
 
 
-@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def write_lines(lines: list[str], path: Path) -> None:
-    """Write lines (already serialised) to ``path`` atomically, one per line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
-    tmp.replace(path)
-
-
 def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
     """Counts per split, family and source, and the leakage check (:func:`tasks.generate.leakage_report`)."""
     generated = [p for p in problems if p["source"].startswith("generated")]

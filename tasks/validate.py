@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.generate import normalise_text as normalise_prompt  # the leakage key, one definition
+from tasks.io import atomic_write_lines
 from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
 from tasks.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 
@@ -368,16 +369,6 @@ def _frame(rows: dict[int, dict], columns: Iterable[str]) -> pd.DataFrame:
     )
 
 
-def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write text lines to ``path`` atomically (UTF-8, ``\\n`` endings), creating parent folders."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
-    tmp.replace(path)
-
-
 def _quarantine_record(
     source: str, line: JsonlLine, reasons: list[tuple[int, str, str]], redact: Redact | None = None
 ) -> str:
@@ -481,10 +472,10 @@ def _validate(
         findings.collect(_run_gx(late, clean.astype(object), parameters), clean, rows, parameters)
 
     source = str(path)
-    _write_lines(
+    atomic_write_lines(
         Path(out_valid), (_valid_text(ln, redact, redact_fields) for ln in lines if ln.line not in findings.rows)
     )
-    _write_lines(
+    atomic_write_lines(
         Path(out_quarantine),
         (_quarantine_record(source, ln, findings.rows[ln.line], redact) for ln in lines if ln.line in findings.rows),
     )
@@ -667,5 +658,5 @@ def report_markdown(reports: Sequence[DatasetReport]) -> str:
 
 def write_report(reports: Sequence[DatasetReport], json_path: str | Path, md_path: str | Path) -> None:
     """Write :func:`report_dict` (JSON) to ``json_path`` and :func:`report_markdown` to ``md_path``."""
-    _write_lines(Path(json_path), [json.dumps(report_dict(reports), indent=2, sort_keys=True)])
-    _write_lines(Path(md_path), [report_markdown(reports).rstrip("\n")])
+    atomic_write_lines(Path(json_path), [json.dumps(report_dict(reports), indent=2, sort_keys=True)])
+    atomic_write_lines(Path(md_path), [report_markdown(reports).rstrip("\n")])

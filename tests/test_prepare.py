@@ -3,7 +3,8 @@
 import json
 
 from tasks.config import PrepareConfig
-from tasks.prepare import humaneval_problems, prepare_report, user_problem_lines, write_lines
+from tasks.io import write_lines
+from tasks.prepare import humaneval_problems, prepare_report, user_problem_lines
 from tasks.validate import FIELDS
 
 
