@@ -33,11 +33,6 @@ def setup_environment(root: Path | None = None) -> None:
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    # Threads created later (Prefect runs task code in worker threads) take OpenMP's default, not the count that
-    # torch.set_num_threads set in another thread: fix the default before torch is imported.
-    from models.policy import NUM_THREADS_ENV, default_num_threads
-
-    os.environ.setdefault("OMP_NUM_THREADS", os.environ.get(NUM_THREADS_ENV) or str(default_num_threads()))
     root = root or Path.cwd()
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     # A stage run alone (no PREFECT_API_URL) starts Prefect's ephemeral server; on a busy 2-core box it can take

@@ -66,14 +66,13 @@ def resolve_dtype(dtype: str, device: str):
 
 
 def default_num_threads() -> int:
-    """One thread fewer than the CPUs this process may use (at least 1).
+    """The CPUs this process may use.
 
-    The spare core keeps the orchestrator (Prefect's API server), the sandbox workers and the OS off the compute
-    threads: on a 2-core box, two torch threads beside any other load ran 3–40× slower than one thread (measured:
-    greedy decoding of SmolLM2-135M at 4 tok/s with 2 threads next to Prefect's server vs 13.6 tok/s with 1).
+    Measured on a quiet 2-core box (SmolLM2-135M, LoRA SFT step of 8 × ~430 tokens): 2 threads ≈ 33 s, 1 thread ≈ 55 s.
+    On a box where other heavy processes compete for the cores, 2 threads ran 8–23× slower than 1 (sampling): there,
+    set ``DIDPO_NUM_THREADS=1``.
     """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus - 1)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def configure_threads(num_threads: int | None = None) -> int:
