@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import ast
 
-
-def fenced(code: str) -> str:
-    """``code`` in one fenced python block (what ``models.sampling.extract_code`` reads back)."""
-    return f"```python\n{code.rstrip()}\n```"
+from models.sampling import format_answer as fenced  # one definition of the answer's code block
 
 
 def signature(problem: dict) -> str:

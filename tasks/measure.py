@@ -1,4 +1,4 @@
-"""Stage-side helpers for pass@k measurements: choose problems, build the sandbox, write per-problem results."""
+"""Stage-side helpers around the sandbox: choose problems, measure pass@k, decide the gate, run the data contracts."""
 
 from __future__ import annotations
 
