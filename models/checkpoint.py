@@ -262,3 +262,28 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     tensors = {f.stem: load_file(f) for f in sorted(path.glob("*.safetensors"))}
     objects = {f.stem: torch.load(f, map_location=map_location, weights_only=True) for f in sorted(path.glob("*.pt"))}
     return Checkpoint(path=path, step=int(state["step"]), tensors=tensors, objects=objects, state=state)
+
+
+def weights_hash(model_dir: str | Path) -> str:
+    """SHA-256 (hex) over a saved model directory's weights and architecture: every ``*.safetensors`` file and
+    ``config.json``, in sorted name order, each preceded by its name.
+
+    Identifies a checkpoint by content (the DPO stage refuses a reference whose hash differs from the SFT
+    stage's record). Tokenizer and generation files are excluded: they do not change the log-probs.
+
+    Raises:
+        FileNotFoundError: `model_dir` holds no ``*.safetensors`` file.
+    """
+    import hashlib
+
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors")) + [p for p in [model_dir / "config.json"] if p.exists()]
+    if not any(p.suffix == ".safetensors" for p in files):
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()

@@ -184,3 +184,29 @@ def test_model_stages_on_a_tiny_model(project):
     baseline = [r for r in runs if r.data.tags["didpo.stage"] == "baseline"]
     assert len(baseline) == 1 and baseline[0].info.status == "FINISHED"
     assert "baseline/val/pass_at_2" in baseline[0].data.metrics
+
+
+def test_impossible_gate_stops_the_pipeline(project):
+    """sft → gate on the tiny model with threshold 1.0 (pass@k > 1 is impossible): `didpo run` exits non-zero with
+    the gate's message, the gate's metrics say why, MLflow marks the run, and no later stage runs."""
+    root, env = project
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["sft"].update(max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=512)
+    params["gate"].update(n_samples=2, k=2, val_problems=2, max_new_tokens=16, temperature=1.0, top_p=1.0, threshold=1.0)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    result = sh([str(BIN / "didpo"), "run", "--no-push"], root, env, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gate failed: pass@2 = " in result.stderr and "<= threshold 1.00" in result.stderr
+    assert "pipeline stopped: stage 'gate' failed" in result.stderr
+
+    sft = json.loads((root / "data/sft/metrics.json").read_text())
+    assert sft["global_step"] == 2 and len(sft["merged_sha256"]) == 64
+    assert (root / "data/checkpoints/sft/adapter/adapter_config.json").exists()
+    gate = json.loads((root / "data/gate/metrics.json").read_text())
+    assert gate["passed"] is False and gate["threshold"] == 1.0 and gate["n_problems"] == 2
+    _, runs = mlflow_runs(root)
+    gate_runs = [r for r in runs if r.data.tags["didpo.stage"] == "gate"]
+    assert [r.data.tags["gate"] for r in gate_runs] == ["failed"]
+    later = {"selfplay", "dpo", "didpo", "evaluate", "register"}
+    assert not later & {r.data.tags["didpo.stage"] for r in runs}, "no stage after the gate may run"
