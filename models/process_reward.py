@@ -42,7 +42,7 @@ _ALIGNMENTS = ("progress", "lines")
 # pycodestyle checks that do not apply to a code prefix made of steps: blank lines are not steps, so the blank-line
 # rules (E3) and the end-of-file ones (W391, W292) would fire on every prefix; syntax errors (E9) are the syntax
 # component's business. The rest of pycodestyle's default selection stays (its default ignore list included).
-_STYLE_IGNORE = ("E3", "E9", "W291", "W391", "W292")
+_STYLE_IGNORE = ("E3", "E9", "W391", "W292")
 # The line length the project's own code uses (pyproject's ruff setting), not PEP 8's 79: prompts hold longer
 # signatures, and answers should not be penalised for copying them.
 MAX_LINE_LENGTH = 120
