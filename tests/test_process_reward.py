@@ -268,12 +268,11 @@ def test_hand_worked_two_line_example():
     torch.testing.assert_close(rewards, torch.tensor([0.0, 0.0, -97 / 70, 0.25]))
     values = torch.tensor([[0.5, 0.2, -0.4, 0.1]], dtype=torch.float64)
     advantages, returns = gae(rewards.double()[None], values, torch.ones(1, 4), gamma=1.0, lam=0.5)
-    torch.testing.assert_close(
-        advantages, torch.tensor([[-899 / 1120, -563 / 560, -227 / 280, 3 / 20]], dtype=torch.float64), atol=1e-6, rtol=0
-    )
-    torch.testing.assert_close(
-        returns, torch.tensor([[-339 / 1120, -451 / 560, -339 / 280, 1 / 4]], dtype=torch.float64), atol=1e-6, rtol=0
-    )
+    # token rewards are float32: compare to 1e-6
+    expected_advantages = torch.tensor([[-899 / 1120, -563 / 560, -227 / 280, 3 / 20]], dtype=torch.float64)
+    expected_returns = torch.tensor([[-339 / 1120, -451 / 560, -339 / 280, 1 / 4]], dtype=torch.float64)
+    torch.testing.assert_close(advantages, expected_advantages, atol=1e-6, rtol=0)
+    torch.testing.assert_close(returns, expected_returns, atol=1e-6, rtol=0)
 
 
 def naive_gae(rewards, values, lengths, gamma, lam):
