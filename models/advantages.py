@@ -139,8 +139,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """Whiten `values` with the mean and unbiased variance of its masked entries, as TRL's ``masked_whiten``
-    (trl ≤ 0.x ``trl/core.py``, used by its PPO trainer for advantages): (x − mean)·rsqrt(var + 1e-8), the mean
-    added back when ``shift_mean`` is False. Entries outside the mask are transformed too (ignore them).
+    (``trl/core.py``, later ``trl/trainer/utils.py``, used by its PPO trainer for advantages; TRL 1.16 no longer
+    ships it): (x − mean)·rsqrt(var + 1e-8), the mean added back when ``shift_mean`` is False. Entries outside
+    the mask are transformed too (ignore them).
 
     Args:
         values: (B, T). mask: (B, T), 0/1 or bool.

@@ -8,6 +8,7 @@ first fenced python block, or the whole text when it is code), so rewards and th
 from __future__ import annotations
 
 import bisect
+import os
 import re
 
 from models.sampling import _CODE_START, _FENCED_BLOCK, _OPEN_FENCE, _PYTHON_TAGS, _looks_like_code, extract_code
@@ -38,17 +39,18 @@ def code_span(text: str) -> tuple[int, int]:
 def _char_ends(tokenizer, completion_ids: list[int], text: str) -> list[int]:
     """For each token i, how many characters of `text` the tokens 0..i decode to (non-decreasing).
 
-    Decodes every prefix (one batched call): exact for any tokenizer, including multi-character tokens and
-    multi-byte characters split over tokens (a prefix ending inside a character decodes to a replacement
-    character, is not a prefix of `text`, and so adds nothing until the character completes).
+    Decodes every prefix (one batched call; about 30 ms for 256 tokens): exact for any tokenizer, including
+    multi-character tokens and multi-byte characters split over tokens. A prefix that is not a prefix of `text`
+    (it ends inside a character and decodes to a replacement character, or the decoder tidies spaces
+    differently) counts for the characters it shares with `text`.
     """
     prefixes = tokenizer.batch_decode(
         [completion_ids[: i + 1] for i in range(len(completion_ids))], skip_special_tokens=True
     )
     ends, end = [], 0
     for decoded in prefixes:
-        if len(decoded) > end and text.startswith(decoded):
-            end = len(decoded)
+        shared = len(decoded) if text.startswith(decoded) else len(os.path.commonprefix([decoded, text]))
+        end = max(end, shared)
         ends.append(end)
     return ends
 
