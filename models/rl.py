@@ -34,6 +34,18 @@ One step of `train_rl`, top to bottom:
 6. an exact-resume checkpoint (LoRA + value head + optimizer + RNGs + prompt order + reward normaliser), the
    step's rollouts appended to a JSONL, metrics through ``emit(metrics, step)``.
 
+Metrics, through ``emit(metrics, step)`` after every step, under ``didpo/`` whatever the algorithm (runs compare):
+``reward/outcome`` (mean R_out), ``reward/sequence`` (mean sequence-level reward: outcome + the algorithm's shaping
+terms), ``reward/process`` (mean Φ(final) − Φ(empty), didpo), ``reward/did`` (mean Σ_j d_j, didpo), ``pass_rate``
+(completions passing every test), ``frac_zero_std_groups`` (groups whose sequence rewards are all equal, among all
+sampled), ``groups_sampled``, ``groups_trained`` (dapo drops zero-std groups), ``response_length`` (tokens),
+``rollouts_per_s`` and ``tokens_per_s`` (completions and completion tokens per second of the rollout phase:
+sampling + sandbox + reward scoring), ``time/rollout_s``, ``time/update_s``, ``step_time_s``; when an update ran:
+``pg_loss``, ``entropy`` (nats), ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``, ``ratio_mean``,
+``grad_norm``, ``updates`` (optimizer steps; fewer than epochs × minibatches after a target-KL stop), and with the
+critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance`` (of the returns by the rollout-time values); with
+β > 0 ``kl_ref`` (k3 to the reference). Update stats are means over the step's minibatches.
+
 Old log-probs are the sampler's (unscaled logits, temperature 1: see `models.sampling`): LoRA dropout must be 0
 (the default) for the first PPO ratio to be exactly 1 up to floating-point noise.
 """
@@ -901,6 +913,7 @@ def train_rl(
             metrics["didpo/reward/did"] = _mean([sum(r.did) for r in everything])
 
         # ---- advantages and update
+        update_started = time.perf_counter()
         if rollouts:
             batch = build_batch(rollouts, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -932,6 +945,8 @@ def train_rl(
             )
             metrics.update({f"didpo/{k}": v for k, v in stats.items()})
         step += 1
+        metrics["didpo/time/rollout_s"] = sample_time
+        metrics["didpo/time/update_s"] = time.perf_counter() - update_started
         metrics["didpo/step_time_s"] = time.perf_counter() - started
         history.append({"step": step, **metrics})
         rollout_log.append(step, sampled, kept_flags)

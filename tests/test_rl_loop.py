@@ -115,10 +115,9 @@ def read_rollouts(path) -> list[dict]:
 
 
 def timeless(history):
-    return [
-        {k: v for k, v in h.items() if k not in ("didpo/rollouts_per_s", "didpo/tokens_per_s", "didpo/step_time_s")}
-        for h in history
-    ]
+    """History without wall-clock figures (throughputs and timings)."""
+    timing = ("didpo/rollouts_per_s", "didpo/tokens_per_s", "didpo/step_time_s")
+    return [{k: v for k, v in h.items() if k not in timing and not k.startswith("didpo/time/")} for h in history]
 
 
 # ------------------------------------------------------------------------------------ forward and update
@@ -437,6 +436,18 @@ def test_steps_sample_anew_from_the_same_prompt(tmp_path):
     step1 = [r["completion"] for r in rows if r["step"] == 1]
     step2 = [r["completion"] for r in rows if r["step"] == 2]
     assert len(step1) == len(step2) == 4 and step1 != step2
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_kl_reference_is_the_starting_policy(tmp_path, lora):
+    """β > 0: the reference is the starting weights (LoRA: adapters disabled; full fine-tuning: a frozen copy), so
+    the k3 KL is 0 on the first step (one minibatch: measured before any update) and grows once the policy moved."""
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=3, kl_coef=0.1, learning_rate=1e-2, lora=lora, minibatch_size=8))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    kl = [h["didpo/kl_ref"] for h in result.history]
+    assert kl[0] < 1e-7 and kl[2] > 1e-4
+    assert (result.adapter_path is None) is (not lora)
 
 
 def test_export_and_summary(tmp_path):
