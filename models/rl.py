@@ -46,8 +46,18 @@ sampling + sandbox + reward scoring), ``time/rollout_s``, ``time/update_s``, ``s
 critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance`` (of the returns by the rollout-time values); with
 β > 0 ``kl_ref`` (k3 to the reference). Update stats are means over the step's minibatches.
 
-Old log-probs are the sampler's (unscaled logits, temperature 1: see `models.sampling`): LoRA dropout must be 0
-(the default) for the first PPO ratio to be exactly 1 up to floating-point noise.
+Choices where DIDPO.md leaves room (and why):
+
+- old log-probs are the sampler's (unscaled logits: π_θ itself, see `models.sampling`), not a second forward pass;
+  LoRA dropout must then be 0 (the default) for the first PPO ratio to be 1 up to floating-point noise;
+- the KL to the reference is a per-token reward −β·k3 for didpo (DIDPO.md, "Per-token reward"), a loss term β·k3
+  for grpo/dapo (TRL's GRPOTrainer), so each baseline is the algorithm its paper and TRL define;
+- the critic shares the policy's backbone: c_vf·L_VF also reaches the LoRA adapters; during the critic warm-up the
+  backbone runs without gradients, so the warm-up trains the head alone and leaves the policy unchanged;
+- reward normalisation divides by the running std of *sequence* returns (token rewards are mostly zeros, whose std
+  would blow rewards up) and does nothing while that std is 0;
+- ``frac_zero_std_groups`` is measured on the sequence-level rewards for every algorithm (for didpo: outcome +
+  format + overlong), i.e. the groups that would carry no signal without process rewards.
 """
 
 from __future__ import annotations

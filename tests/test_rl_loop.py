@@ -178,6 +178,34 @@ def test_ppo_update_moves_the_log_prob_of_a_token_with_the_sign_of_its_advantage
     assert sign * (after - before) > 1e-4
 
 
+def test_target_kl_stops_the_updates_of_the_step():
+    """The first minibatch sees ratio 1 (approx_kl 0) and updates; the second sees the moved policy, exceeds a tiny
+    target_kl, updates, and stops the remaining epochs: 2 optimizer steps of the 3 × 2 planned."""
+    from models.lora import apply_lora
+
+    model, tok = build_tiny_causal_lm(0)
+    batch = sampled_batch(model, tok, n=2)
+    torch.manual_seed(0)
+    model = apply_lora(model, 4, 8.0, 0.0)
+    batch["advantages"] = torch.tensor([[1.0], [-1.0]]) * batch["completion_mask"]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    cfg = RLConfig(**dict(BASE, algo="dapo", minibatch_size=1, ppo_epochs=3, target_kl=1e-9))
+    stats = ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))
+    assert stats["updates"] == 2.0
+    cfg = dataclasses.replace(cfg, target_kl=0.0)
+    assert ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))["updates"] == 6.0
+
+
+def test_critic_warmup_trains_the_value_head_only(tmp_path):
+    cfg = RLConfig(**dict(BASE, steps=1, critic_warmup_steps=1, ppo_epochs=2))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    start = build_tiny_causal_lm(0)[0].state_dict()
+    assert all(torch.equal(value, start[key]) for key, value in model.state_dict().items())  # merged = unchanged
+    assert result.value_head.summary.weight.abs().sum() > 0 and result.history[0]["didpo/updates"] == 4.0
+
+
 def test_losses_aggregate_per_sequence_for_grpo_and_per_token_for_dapo_as_trl():
     """TRL GRPOTrainer's formulas, written out: per-token −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + β·k3, then
     loss_type "grpo" = mean over sequences of per-sequence token means, "dapo" = mean over all tokens; grpo clips
