@@ -336,6 +336,7 @@ def collect_rollouts(
     Returns:
         one group (list of `Rollout`) per problem, in order.
     """
+    from models.code_steps import code_line_ends
     from models.evaluation import assemble_program
     from models.process_reward import did_rewards, outcome_reward, overlong_penalty, terminal_reward
     from models.prompts import user_message
@@ -373,7 +374,7 @@ def collect_rollouts(
                 reward = terminal_reward(v.n_passed, v.n_tests, c.text, length, cfg.reward)
             rollout = Rollout(problem, draw, j, c, v.n_passed, v.n_tests, v.reason, float(outcome), float(reward))
             if cfg.algo == "didpo":
-                lines, ends = _code_lines(tokenizer, c.completion_ids)
+                lines, ends = code_line_ends(tokenizer, c.completion_ids)
                 if lines:
                     scores = did_rewards(lines, reference, problem, cfg.reward)
                     rollout.did = [float(x) for x in scores.d]
@@ -382,12 +383,6 @@ def collect_rollouts(
             rollouts.append(rollout)
         groups.append(rollouts)
     return groups
-
-
-def _code_lines(tokenizer, completion_ids):
-    from models.code_steps import code_line_ends
-
-    return code_line_ends(tokenizer, completion_ids)
 
 
 def zero_std(group: Sequence[Rollout]) -> bool:
@@ -789,6 +784,7 @@ def train_rl(
     import torch
     from tqdm.auto import tqdm
 
+    from models.advantages import RunningMeanStd
     from models.checkpoint import (
         CheckpointMismatchError,
         capture_rng_state,
@@ -836,7 +832,7 @@ def train_rl(
     optimizer = torch.optim.AdamW(groups)
     order = DataOrder(len(problems), _generator_seed(cfg.seed, 1))
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
-    normaliser = _reward_normaliser() if cfg.normalize_rewards else None
+    normaliser = RunningMeanStd() if cfg.normalize_rewards else None
     fingerprint = _fingerprint(cfg, problems)
     generators = {"data": order.generator, "minibatch": minibatch_generator}
     step, history = 0, []
@@ -985,12 +981,6 @@ def train_rl(
 def _adapters_disabled(model):
     with model.disable_adapter():
         yield model
-
-
-def _reward_normaliser():
-    from models.advantages import RunningMeanStd
-
-    return RunningMeanStd()
 
 
 def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
