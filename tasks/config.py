@@ -17,6 +17,7 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from models.rl import RLConfig
 from models.sft import SFTConfig
 from tasks.mine import MineConfig
 
@@ -179,6 +180,7 @@ class Params:
     baseline: BaselineConfig = BaselineConfig()
     sft: SFTConfig = SFTConfig()
     gate: GateConfig = GateConfig()
+    didpo: RLConfig = RLConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 

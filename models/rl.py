@@ -1,0 +1,1001 @@
+"""RL on the coding problems: DiDPO (process rewards against a reference, PPO with a critic), GRPO and DAPO in one loop.
+
+DiDPO here is the project's algorithm (DIDPO.md): per-step process rewards d_j = r_j − c_j (the policy's prefix-score
+improvement net of the reference solution's improvement over the same stretch of progress) on the token that
+completes each code line, the verifier's outcome reward on the last token, a value head on the policy's hidden
+states, GAE, and a clipped PPO update. It is *not* the critic-free "DiDPO: Diff-in-Diff Policy Optimization for
+Coding Agent Training" (arXiv 2608.07147), which adds a snippet-level advantage over code edits aligned across
+rollouts to GRPO's episode advantage.
+
+Baselines in the same loop, with the same sampler, verifier, optimizer and budget (DIDPO.md, "Baselines"):
+
+- ``grpo`` (Shao et al. 2024, DeepSeekMath §4.1): outcome reward only, advantage (r − mean_group)/(std_group + ε)
+  on every token, symmetric clip ε_low = ε_high, loss averaged per sequence then over sequences (TRL's
+  ``loss_type="grpo"``), no critic;
+- ``dapo`` (Yu et al. 2025, DAPO §3): GRPO + clip-higher (ε_high > ε_low), dynamic sampling (groups whose rewards
+  are all equal carry no gradient: they are dropped and the step draws more prompts, at most ``max_refill`` extra
+  draws), token-level loss (every token of the minibatch weighs the same; TRL's ``loss_type="dapo"``) and soft
+  overlong shaping;
+- ``didpo``: token-level loss and clip-higher as DAPO, plus the critic (value loss, optional warm-up).
+
+One step of `train_rl`, top to bottom:
+
+1. prompts: the next ``prompts_per_step`` problems of a seeded, checkpointed order (`models.sft.DataOrder`);
+2. rollouts: ``group_size`` samples per prompt with `models.sampling.sample`, seeded from (seed, step, draw) so
+   every step draws new samples; the sampler records the old per-token log-probs;
+3. verification: `models.evaluation.assemble_program` + the verifier; the outcome reward is the fraction of tests
+   passed (V2) or 0/1 (V1);
+4. rewards → advantages: ``didpo`` = token rewards (d_j on step ends, outcome + format + overlong on the last
+   token, optional −β·k3 KL to the reference per token), optionally scaled by a running std and clipped, then GAE
+   with the old values (λ_critic for the returns, λ_policy — fixed or length-adaptive — for the advantages),
+   whitened over the batch; ``grpo``/``dapo`` = group-normalised sequence rewards on every token;
+5. PPO epochs over shuffled minibatches (one optimizer step each) with target-KL early stop; during the first
+   ``critic_warmup_steps`` steps (didpo) only the value head learns and the policy is unchanged;
+6. an exact-resume checkpoint (LoRA + value head + optimizer + RNGs + prompt order + reward normaliser), the
+   step's rollouts appended to a JSONL, metrics through ``emit(metrics, step)``.
+
+Metrics, through ``emit(metrics, step)`` after every step, under ``didpo/`` whatever the algorithm (runs compare):
+``reward/outcome`` (mean R_out), ``reward/sequence`` (mean sequence-level reward: outcome + the algorithm's shaping
+terms), ``reward/process`` (mean Φ(final) − Φ(empty), didpo), ``reward/did`` (mean Σ_j d_j, didpo), ``pass_rate``
+(completions passing every test), ``frac_zero_std_groups`` (groups whose sequence rewards are all equal, among all
+sampled), ``groups_sampled``, ``groups_trained`` (dapo drops zero-std groups), ``response_length`` (tokens),
+``rollouts_per_s`` and ``tokens_per_s`` (completions and completion tokens per second of the rollout phase:
+sampling + sandbox + reward scoring), ``time/rollout_s``, ``time/update_s``, ``step_time_s``; when an update ran:
+``pg_loss``, ``entropy`` (nats), ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``, ``ratio_mean``,
+``grad_norm``, ``updates`` (optimizer steps; fewer than epochs × minibatches after a target-KL stop), and with the
+critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance`` (of the returns by the rollout-time values); with
+β > 0 ``kl_ref`` (k3 to the reference). Update stats are means over the step's minibatches.
+
+Choices where DIDPO.md leaves room (and why):
+
+- old log-probs are the sampler's (unscaled logits: π_θ itself, see `models.sampling`), not a second forward pass;
+  LoRA dropout must then be 0 (the default) for the first PPO ratio to be 1 up to floating-point noise;
+- the KL to the reference is a per-token reward −β·k3 for didpo (DIDPO.md, "Per-token reward"), a loss term β·k3
+  for grpo/dapo (TRL's GRPOTrainer), so each baseline is the algorithm its paper and TRL define;
+- the critic shares the policy's backbone: c_vf·L_VF also reaches the LoRA adapters; during the critic warm-up the
+  backbone runs without gradients, so the warm-up trains the head alone and leaves the policy unchanged;
+- reward normalisation divides by the running std of *sequence* returns (token rewards are mostly zeros, whose std
+  would blow rewards up) and does nothing while that std is 0;
+- ``frac_zero_std_groups`` is measured on the sequence-level rewards for every algorithm (for didpo: outcome +
+  format + overlong), i.e. the groups that would carry no signal without process rewards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from models.process_reward import ProcessRewardConfig
+
+if TYPE_CHECKING:
+    import torch
+
+ALGOS = ("didpo", "grpo", "dapo")
+_MIXED_PRECISION = ("auto", "bf16", "no")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The ``didpo`` section of params.yaml (the stage is ``didpo`` whatever the algorithm).
+
+    Attributes:
+        algo: "didpo" (process rewards + critic + GAE), "grpo" or "dapo" (critic-free baselines; module docstring).
+        steps: RL steps (one rollout phase + one PPO update phase each).
+        prompts_per_step: problems per step (groups in the batch).
+        group_size: samples per problem (K); the batch has prompts_per_step × group_size rollouts. ≥ 2 for
+            grpo/dapo (a group's std needs two samples).
+        max_new_tokens: the most tokens generated per sample.
+        temperature: sampling temperature (1 = sample from π_θ itself; old log-probs are π_θ's either way).
+        top_p: nucleus mass for sampling, in (0, 1].
+        learning_rate: AdamW learning rate of the policy's trainable weights (LoRA adapters by default).
+        value_learning_rate: AdamW learning rate of the value head (didpo).
+        ppo_epochs: passes over the step's rollouts.
+        minibatch_size: rollouts per minibatch (one optimizer step each).
+        eps_low: PPO clip range below 1: the ratio is clipped at 1 − eps_low.
+        eps_high: PPO clip range above 1 (clip-higher, DAPO §3.1); grpo ignores it and uses eps_low.
+        vf_coef: weight c_vf of the value loss in the total loss (didpo).
+        vf_clip: value clipping ε_v: the clipped prediction is V_old ± ε_v (units of reward); 0 = no clipping.
+        ent_coef: weight c_ent of the entropy bonus (the loss subtracts c_ent · mean token entropy, nats).
+        kl_coef: β of the KL to the reference (the starting weights: adapters disabled); 0 = no reference
+            forward at all. didpo puts −β·k3 in the per-token rewards (DIDPO.md), grpo/dapo add β·k3 to the loss
+            (TRL's GRPO).
+        target_kl: stop the step's PPO updates once a minibatch's approx_kl exceeds this; 0 = never.
+        max_grad_norm: clip the global gradient L2 norm to this; 0 = no clipping.
+        gamma: discount γ of GAE (didpo).
+        lam: GAE λ for the advantages (didpo), and for the returns unless `lam_critic` is set.
+        lam_critic: GAE λ for the value targets (returns), decoupled from the policy's λ (VAPO §3.2: 1.0);
+            None = `lam`.
+        adaptive_lambda_alpha: > 0 makes the policy's λ length-adaptive, λ = 1 − 1/(α·T) per sequence of T
+            tokens (VAPO §3.3, α = 0.05); 0 = the fixed `lam`.
+        whiten_advantages: normalise didpo's advantages to zero mean and unit std over the batch's tokens.
+        normalize_rewards: divide didpo's token rewards by the running std of sequence returns (seed §4.3).
+        reward_clip: clip didpo's (normalised) token rewards to [−reward_clip, reward_clip]; 0 = no clipping.
+        group_eps: ε in (r − mean)/(std + ε) of grpo/dapo (TRL's 1e-4).
+        critic_warmup_steps: the first steps train the value head only (value pretraining, VAPO §3.1); didpo.
+        max_refill: dapo's dynamic sampling: extra prompt draws per step to replace groups whose rewards are all
+            equal (each draw asks for as many prompts as groups are missing); 0 = drop without refilling.
+        reward: the process and outcome reward settings (`models.process_reward.ProcessRewardConfig`): weights of
+            Φ's components, outcome "v1" (0/1) or "v2" (fraction of tests), format term, overlong shaping.
+        lora: train LoRA adapters (True) or every weight (False; the KL reference is then a frozen copy).
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator (update = lora_alpha / lora_r · B A).
+        lora_dropout: LoRA dropout; keep 0 for RL (dropout makes the first PPO ratio differ from 1).
+        lora_target_modules: "auto" (every linear layer but the LM head) or a comma-separated list.
+        seed: seeds the adapters' initialisation, the prompt order, the minibatch order and every step's sampling.
+        checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
+        device: "auto" (CUDA when available, else CPU) or a torch device string.
+        mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
+    """
+
+    algo: str = "didpo"
+    steps: int = 6
+    prompts_per_step: int = 2
+    group_size: int = 4
+    max_new_tokens: int = 192
+    temperature: float = 1.0
+    top_p: float = 1.0
+    learning_rate: float = 2e-5
+    value_learning_rate: float = 1e-4
+    ppo_epochs: int = 1
+    minibatch_size: int = 4
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    vf_coef: float = 0.1
+    vf_clip: float = 0.2
+    ent_coef: float = 0.0
+    kl_coef: float = 0.0
+    target_kl: float = 0.1
+    max_grad_norm: float = 1.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    lam_critic: float | None = None
+    adaptive_lambda_alpha: float = 0.0
+    whiten_advantages: bool = True
+    normalize_rewards: bool = False
+    reward_clip: float = 0.0
+    group_eps: float = 1e-4
+    critic_warmup_steps: int = 0
+    max_refill: int = 2
+    reward: ProcessRewardConfig = ProcessRewardConfig()  # frozen, hence hashable: a safe shared default
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "auto"
+    seed: int = 0
+    checkpoint_every: int = 1
+    device: str = "auto"
+    mixed_precision: str = "auto"
+
+    def __post_init__(self):
+        if self.algo not in ALGOS:
+            raise ValueError(f"didpo.algo must be one of {ALGOS}, got {self.algo!r}")
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "ppo_epochs", "minibatch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"didpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lora_r < 1:
+            raise ValueError(f"didpo.lora_r must be >= 1, got {self.lora_r}")
+        if self.algo != "didpo" and self.group_size < 2:
+            raise ValueError(f"didpo.group_size must be >= 2 for {self.algo} (a group's std needs two samples)")
+        non_negative = (
+            "learning_rate",
+            "value_learning_rate",
+            "eps_high",
+            "vf_coef",
+            "vf_clip",
+            "ent_coef",
+            "kl_coef",
+            "target_kl",
+            "max_grad_norm",
+            "adaptive_lambda_alpha",
+            "reward_clip",
+            "critic_warmup_steps",
+            "max_refill",
+            "checkpoint_every",
+        )
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"didpo.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.eps_low < 1:
+            raise ValueError(f"didpo.eps_low must be in (0, 1), got {self.eps_low}")
+        if not self.temperature > 0:
+            raise ValueError(f"didpo.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"didpo.top_p must be in (0, 1], got {self.top_p}")
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"didpo.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lam_critic is not None and not 0 <= self.lam_critic <= 1:
+            raise ValueError(f"didpo.lam_critic must be in [0, 1] or null, got {self.lam_critic}")
+        if not self.group_eps > 0:
+            raise ValueError(f"didpo.group_eps must be > 0, got {self.group_eps}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"didpo.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.mixed_precision not in _MIXED_PRECISION:
+            raise ValueError(f"didpo.mixed_precision must be one of {_MIXED_PRECISION}, got {self.mixed_precision!r}")
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range used: `eps_low` for grpo (symmetric), `eps_high` otherwise."""
+        return self.eps_low if self.algo == "grpo" else self.eps_high
+
+    @property
+    def uses_critic(self) -> bool:
+        """Only didpo has a value head."""
+        return self.algo == "didpo"
+
+
+@dataclass
+class RLResult:
+    """What `train_rl` returns.
+
+    Attributes:
+        global_step: RL steps done.
+        history: every emitted record, ``{"step": int, <metric>: float, ...}``, in order (resumed runs included).
+        adapter_path: the LoRA adapter directory, None without LoRA.
+        merged_path: full checkpoint + tokenizer, loadable with ``from_pretrained``.
+        rollouts_path: the JSONL of every rollout with its rewards (one line per completion).
+        value_head: the trained value head (didpo), None for grpo/dapo.
+        trainable_params: policy parameters updated by the optimizer (the value head excluded).
+    """
+
+    global_step: int
+    history: list[dict] = field(repr=False)
+    adapter_path: Path | None
+    merged_path: Path
+    rollouts_path: Path
+    value_head: Any = field(repr=False)
+    trainable_params: int
+
+
+@dataclass
+class Rollout:
+    """One sampled completion with its verdict and rewards.
+
+    Attributes:
+        problem: the problem row; draw: the step's sampling round (0, then dapo refills); sample: index in its group.
+        completion: the `models.sampling.Completion` (ids, text, old per-token log-probs).
+        n_passed / n_tests / reason: the verifier's verdict.
+        outcome: R_out, the outcome reward (V2: fraction of tests passed; V1: 0/1).
+        reward: the sequence-level scalar the algorithm uses: outcome for grpo; + overlong penalty for dapo;
+            + overlong + format terms for didpo (its last-token reward).
+        did: the DiD step rewards d_j (didpo; empty otherwise); step_ends: the token completing each step.
+        process: Σ_j r_j = Φ(final) − Φ(empty), the trajectory's process-score gain (didpo).
+    """
+
+    problem: dict
+    draw: int
+    sample: int
+    completion: Any
+    n_passed: int
+    n_tests: int
+    reason: str
+    outcome: float
+    reward: float
+    did: list[float] = field(default_factory=list)
+    step_ends: list[int] = field(default_factory=list)
+    process: float = 0.0
+
+
+# ------------------------------------------------------------------------------------------------- seeds
+
+
+def sampling_seed(seed: int, step: int, draw: int) -> int:
+    """The sampler's base seed for draw `draw` of step `step` (steps count from 0): a different, reproducible
+    stream of samples at every step and refill, independent of how the run was split by resumes."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, step, draw]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _generator_seed(seed: int, purpose: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, 0xD1D, purpose]).generate_state(1, np.uint64)[0] >> 1)
+
+
+# ----------------------------------------------------------------------------------------------- rollouts
+
+
+def _reference_lines(problem: dict) -> list[str]:
+    """The reference solution's steps: the non-blank lines of the complete reference program (signature + the
+    canonical body with its step comments, exactly what SFT teaches the model to write)."""
+    from models.prompts import reference_code
+
+    return [line for line in reference_code(problem).splitlines() if line.strip()]
+
+
+def collect_rollouts(
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    cfg: RLConfig,
+    verifier,
+    seed: int,
+    draw: int = 0,
+) -> list[list[Rollout]]:
+    """Sample ``cfg.group_size`` completions per problem, verify them and score them.
+
+    Args:
+        problems: the step's problems (one group each).
+        verifier: an object with ``check_many(jobs) -> verdicts`` (`models.verifier.Verifier`); each job is
+            ``(program, test, entry_point)``, each verdict has ``n_passed``, ``n_tests`` and ``reason``.
+        seed: the sampler's base seed (`sampling_seed`).
+        draw: recorded in each rollout.
+
+    Returns:
+        one group (list of `Rollout`) per problem, in order.
+    """
+    from models.code_steps import code_line_ends
+    from models.evaluation import assemble_program
+    from models.process_reward import did_rewards, outcome_reward, overlong_penalty, terminal_reward
+    from models.prompts import user_message
+    from models.sampling import SamplingConfig, build_chat_prompt, sample
+
+    sampling = SamplingConfig(
+        n=cfg.group_size,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=len(problems) * cfg.group_size,
+        seed=seed,
+    )
+    prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
+    completions = sample(model, tokenizer, prompts, sampling, progress=False)
+    jobs = [
+        (assemble_program(p, c.code), p["test"], p["entry_point"])
+        for p, group in zip(problems, completions, strict=True)
+        for c in group
+    ]
+    verdicts = iter(verifier.check_many(jobs))
+    groups = []
+    for problem, group in zip(problems, completions, strict=True):
+        reference = _reference_lines(problem) if cfg.algo == "didpo" else []
+        rollouts = []
+        for j, c in enumerate(group):
+            v = next(verdicts)
+            length = len(c.completion_ids)
+            outcome = outcome_reward(v.n_passed, v.n_tests, cfg.reward)
+            if cfg.algo == "grpo":
+                reward = outcome
+            elif cfg.algo == "dapo":
+                reward = outcome + overlong_penalty(length, cfg.reward)
+            else:
+                reward = terminal_reward(v.n_passed, v.n_tests, c.text, length, cfg.reward)
+            rollout = Rollout(problem, draw, j, c, v.n_passed, v.n_tests, v.reason, float(outcome), float(reward))
+            if cfg.algo == "didpo":
+                lines, ends = code_line_ends(tokenizer, c.completion_ids)
+                if lines:
+                    scores = did_rewards(lines, reference, problem, cfg.reward)
+                    rollout.did = [float(x) for x in scores.d]
+                    rollout.step_ends = list(ends)
+                    rollout.process = float(scores.phi[-1] - scores.phi[0])
+            rollouts.append(rollout)
+        groups.append(rollouts)
+    return groups
+
+
+def zero_std(group: Sequence[Rollout]) -> bool:
+    """True when every rollout of the group has the same sequence reward (no learning signal for grpo/dapo)."""
+    return max(r.reward for r in group) - min(r.reward for r in group) == 0.0
+
+
+# -------------------------------------------------------------------------------------------- batch tensors
+
+
+def build_batch(rollouts: Sequence[Rollout], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Tensors of a flat list of B rollouts: prompts left-padded, completions right-padded.
+
+    Returns:
+        ``input_ids``/``attention_mask`` (B, P + T) (prompt | completion, P the longest prompt, T the longest
+        completion), ``completion_ids`` (B, T), ``completion_mask`` (B, T) float32 (1 on real tokens),
+        ``old_per_token_logps`` (B, T) float32 (the sampler's; 0 on padding).
+    """
+    import torch
+
+    from models.sampling import collate_completions
+
+    completions = [r.completion for r in rollouts]
+    packed = collate_completions(completions, pad_token_id)
+    width = max(len(c.prompt_ids) for c in completions)
+    prompt = torch.full((len(completions), width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(completions), width), dtype=torch.long)
+    for k, c in enumerate(completions):
+        prompt[k, width - len(c.prompt_ids) :] = torch.tensor(c.prompt_ids, dtype=torch.long)
+        prompt_mask[k, width - len(c.prompt_ids) :] = 1
+    return {
+        "input_ids": torch.cat([prompt, packed["completion_ids"]], dim=1),
+        "attention_mask": torch.cat([prompt_mask, packed["completion_mask"]], dim=1),
+        "completion_ids": packed["completion_ids"],
+        "completion_mask": packed["completion_mask"].float(),
+        "old_per_token_logps": packed["per_token_logps"],
+    }
+
+
+def policy_forward(model, batch: dict, value_head=None, autocast=None, backbone_grad: bool = True):
+    """One forward pass over prompt + completion: per-token log-probs, logits and (with a head) values.
+
+    Position ids count real tokens only (left padding does not shift them), as in the sampler. The value of
+    completion token t is the head applied to the hidden state that predicts it (the state before a_t).
+
+    Args:
+        model: the causal LM (a peft wrapper or a plain model).
+        batch: `build_batch` tensors on the model's device.
+        value_head: a `models.value_head.ValueHead`, or None (no values).
+        autocast: a context-manager factory (bf16 autocast) or None.
+        backbone_grad: False runs the LM without gradients (critic warm-up: only the head learns).
+
+    Returns:
+        ``(per_token_logps (B, T) float32, logits (B, T, V) float32, values (B, T) float32 or None)``.
+    """
+    import torch
+
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    completion_ids = batch["completion_ids"]
+    width = completion_ids.shape[1]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    grad = contextlib.nullcontext() if backbone_grad else torch.no_grad()
+    with grad, autocast() if autocast else contextlib.nullcontext():
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=width + 1,
+            output_hidden_states=value_head is not None,
+        )
+    logits = out.logits[:, :-1].float()  # (B, T, V): position t predicts completion token t
+    picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    per_token_logps = picked - torch.logsumexp(logits, dim=-1)  # (B, T)
+    values = None
+    if value_head is not None:
+        hidden = out.hidden_states[-1][:, -(width + 1) : -1]  # (B, T, H), post final norm
+        values = value_head(hidden)  # (B, T) float32
+    return per_token_logps, logits, values
+
+
+def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: Callable | None):
+    """Old values (with a head) and reference log-probs (with a `reference` context factory), without gradients,
+    `chunk` rows at a time. Returns ``(old_values or None, ref_per_token_logps or None)``."""
+    import torch
+
+    values, ref = [], []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, batch["input_ids"].shape[0], chunk):
+                part = {k: v[start : start + chunk] for k, v in batch.items()}
+                if value_head is not None:
+                    values.append(policy_forward(model, part, value_head, autocast)[2])
+                if reference is not None:
+                    with reference() as ref_model:
+                        ref.append(policy_forward(ref_model, part, None, autocast)[0])
+    finally:
+        model.train(was_training)
+    return (torch.cat(values) if values else None), (torch.cat(ref) if ref else None)
+
+
+# ------------------------------------------------------------------------------------------------ advantages
+
+
+def token_reward_matrix(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
+    """didpo's per-token rewards (B, width) float32: d_j on each step's end token, the sequence reward
+    (outcome + format + overlong) on the last token, 0 elsewhere and on padding (`process_reward.token_rewards`)."""
+    import torch
+
+    from models.process_reward import token_rewards
+
+    out = torch.zeros((len(rollouts), width), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        length = len(r.completion.completion_ids)
+        out[i, :length] = token_rewards(r.did, r.step_ends, r.reward, length)
+    return out
+
+
+def didpo_advantages(
+    rewards: torch.Tensor,
+    old_values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    cfg: RLConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and value targets of didpo (DIDPO.md, "Advantage and baseline").
+
+    Args:
+        rewards: (B, T) per-token rewards (already KL-penalised, normalised and clipped as configured).
+        old_values: (B, T) the value head's predictions at rollout time.
+        completion_mask: (B, T) 1 on real tokens.
+        cfg: γ, λ, λ_critic, adaptive α, whitening.
+
+    Returns:
+        ``(advantages (B, T), returns (B, T))``: advantages with λ_policy (fixed `lam`, or 1 − 1/(α·T_i) per
+        sequence when `adaptive_lambda_alpha` > 0), whitened over the batch's real tokens when configured; returns
+        (value targets) with λ_critic (`lam_critic`, else the same λ as the advantages), never whitened.
+    """
+    from models.advantages import adaptive_lambda, gae, whiten
+
+    lam_policy = cfg.lam
+    if cfg.adaptive_lambda_alpha > 0:
+        lam_policy = adaptive_lambda(completion_mask.sum(-1), cfg.adaptive_lambda_alpha)
+    advantages, returns = gae(rewards, old_values, completion_mask, cfg.gamma, lam_policy)
+    if cfg.lam_critic is not None:
+        _, returns = gae(rewards, old_values, completion_mask, cfg.gamma, cfg.lam_critic)
+    if cfg.whiten_advantages and completion_mask.sum() >= 2:
+        advantages = whiten(advantages, completion_mask)
+    return advantages * completion_mask, returns * completion_mask
+
+
+def group_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
+    """grpo/dapo: (r − mean_group)/(std_group + ε) of the sequence rewards, the same on every token (B, T).
+
+    `rollouts` holds whole groups of ``cfg.group_size`` in order."""
+    import torch
+
+    from models.advantages import group_advantages
+
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    per_sequence = group_advantages(rewards, cfg.group_size, cfg.group_eps, True)  # (B,)
+    return per_sequence.unsqueeze(-1) * completion_mask
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
+    """1 − Var[R − V]/Var[R] over the real tokens (population variances, as cleanrl logs it after collecting a
+    batch: how much of the return's variance the critic's rollout-time values explain); None when Var[R] = 0."""
+    valid = mask.bool()
+    target, residual = returns[valid].double(), (returns - values)[valid].double()
+    var = float(target.var(unbiased=False)) if target.numel() else 0.0
+    return 1.0 - float(residual.var(unbiased=False)) / var if var > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------- PPO update
+
+
+def ppo_losses(
+    per_token_logps: torch.Tensor,
+    logits: torch.Tensor,
+    values: torch.Tensor | None,
+    minibatch: dict[str, torch.Tensor],
+    cfg: RLConfig,
+    policy: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The total loss of one minibatch, L = L_PG + c_vf·L_VF − c_ent·H [+ β·KL] (DIDPO.md, "Loss").
+
+    L_PG is `models.rl_losses.grpo_loss`: per-sequence means averaged over sequences for grpo (TRL's
+    ``loss_type="grpo"``), token-level for dapo and didpo (``"dapo"``); grpo/dapo's KL term is aggregated the same
+    way (TRL adds β·k3 to the per-token loss before aggregating).
+
+    Args:
+        per_token_logps: (B, T) log π_θ of the completion tokens (with gradient).
+        logits: (B, T, V) float32 logits of the completion positions (for the entropy).
+        values: (B, T) the value head's predictions (didpo) or None.
+        minibatch: `build_batch` tensors plus ``advantages`` (B, T), and with a critic ``old_values`` and
+            ``returns`` (B, T), and with grpo/dapo's KL ``ref_per_token_logps`` (B, T).
+        cfg: coefficients, clip ranges and the algorithm.
+        policy: False = critic warm-up: the value loss alone.
+
+    Returns:
+        ``(loss, stats)``: stats ``pg_loss``, ``entropy``, ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``,
+        ``ratio_mean``, ``kl_ref`` (grpo/dapo with β > 0), ``vf_loss``, ``vf_clip_frac`` (with a critic), as floats.
+    """
+    from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
+
+    mask = minibatch["completion_mask"]
+    loss_type = "grpo" if cfg.algo == "grpo" else "dapo"
+    stats: dict[str, float] = {}
+    loss = per_token_logps.new_zeros(())
+    if policy:
+        pg_loss, pg_stats = grpo_loss(
+            per_token_logps,
+            minibatch["old_per_token_logps"],
+            minibatch["advantages"],
+            mask,
+            cfg.eps_low,
+            cfg.clip_high,
+            loss_type,
+        )
+        loss = loss + pg_loss
+        stats["pg_loss"] = pg_loss.item()
+        stats.update(pg_stats)
+        entropy = entropy_from_logits(logits, mask)
+        stats["entropy"] = entropy.item()
+        if cfg.ent_coef:
+            loss = loss - cfg.ent_coef * entropy
+        if cfg.kl_coef and not cfg.uses_critic:
+            per_token_kl = kl_k3(per_token_logps, minibatch["ref_per_token_logps"]) * mask  # (B, T)
+            if loss_type == "grpo":
+                kl = (per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+            else:
+                kl = masked_mean(per_token_kl, mask)
+            loss = loss + cfg.kl_coef * kl
+            stats["kl_ref"] = kl.item()
+    if values is not None:
+        clip = cfg.vf_clip or None
+        vf_loss, vf_stats = value_loss(values, minibatch["old_values"], minibatch["returns"], mask, clip)
+        loss = loss + cfg.vf_coef * vf_loss
+        stats["vf_loss"] = vf_loss.item()
+        stats["vf_clip_frac"] = vf_stats["vf_clip_frac"]
+    return loss, stats
+
+
+def ppo_update(
+    model,
+    value_head,
+    optimizer,
+    params: Sequence,
+    batch: dict[str, torch.Tensor],
+    cfg: RLConfig,
+    generator: torch.Generator,
+    autocast=None,
+    policy: bool = True,
+) -> dict[str, float]:
+    """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rollouts, one
+    optimizer step each; stops as soon as a minibatch's approx_kl exceeds ``cfg.target_kl`` (> 0).
+
+    Args:
+        model: the policy (train mode is set for the call and restored).
+        value_head: the critic or None.
+        optimizer: over `params` (policy adapters and the head).
+        params: every trainable parameter (gradient clipping).
+        batch: `ppo_losses`'s minibatch tensors for the whole batch, on the model's device.
+        generator: a CPU ``torch.Generator`` for the minibatch order (checkpointed by the loop).
+        autocast: a bf16 autocast factory or None.
+        policy: False = critic warm-up (value loss only, the backbone without gradients).
+
+    Returns:
+        the minibatch-mean of every `ppo_losses` stat, plus ``updates`` (optimizer steps done) and
+        ``grad_norm`` (mean pre-clip norm).
+    """
+    import torch
+
+    n = batch["input_ids"].shape[0]
+    sums: dict[str, float] = {}
+    updates, stop = 0, False
+    was_training = model.training
+    model.train()
+    try:
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(n, generator=generator)
+            for start in range(0, n, cfg.minibatch_size):
+                index = order[start : start + cfg.minibatch_size].to(batch["input_ids"].device)
+                minibatch = {k: v[index] for k, v in batch.items()}
+                logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
+                loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
+                optimizer.step()
+                updates += 1
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                if policy and cfg.target_kl and stats["approx_kl"] > cfg.target_kl:
+                    stop = True
+                    break
+            if stop:
+                break
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates)}
+
+
+# --------------------------------------------------------------------------------------------- the loop
+
+
+class _RolloutLog:
+    """The rollouts JSONL, appended after each step; on resume, lines of steps after the checkpoint (and a torn
+    last line) are dropped so the file matches the restored run."""
+
+    def __init__(self, path: Path, keep_through_step: int):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if keep_through_step > 0 and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                if record["step"] <= keep_through_step:
+                    kept.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(self.path)
+
+    def append(self, step: int, groups: Sequence[Sequence[Rollout]], kept: Sequence[bool]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            for group, keep in zip(groups, kept, strict=True):
+                for r in group:
+                    record = {
+                        "step": step,
+                        "task_id": r.problem["task_id"],
+                        "draw": r.draw,
+                        "sample": r.sample,
+                        "completion": r.completion.text,
+                        "finish_reason": r.completion.finish_reason,
+                        "length": len(r.completion.completion_ids),
+                        "passed": r.n_passed,
+                        "total": r.n_tests,
+                        "reason": r.reason,
+                        "outcome": r.outcome,
+                        "reward": r.reward,
+                        "process": r.process,
+                        "d": r.did,
+                        "trained": keep,
+                    }
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _fingerprint(cfg: RLConfig, problems: Sequence[dict]) -> str:
+    """Hash of the config and the problems: a checkpoint only resumes the run that wrote it."""
+    payload = json.dumps(
+        [dataclasses.asdict(cfg), [[p["task_id"], p["prompt"], p["test"]] for p in problems]], sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def train_rl(
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    cfg: RLConfig,
+    verifier,
+    out_dir: Path,
+    emit: Callable[[dict, int], None] = lambda m, s: None,
+    resume: bool = True,
+    rollouts_path: Path | None = None,
+) -> RLResult:
+    """Train `model` with ``cfg.algo`` on `problems` (see the module docstring for one step).
+
+    Args:
+        model: a causal LM (``PreTrainedModel``), e.g. the DPO checkpoint from `models.policy.load_policy`; moved
+            to ``cfg.device`` and modified in place (with LoRA: wrapped, trained, then merged).
+        tokenizer: its tokenizer (chat template, pad or eos token).
+        problems: problem rows (data/README.md schema: task_id, prompt, entry_point, test, instruction, ...).
+        cfg: the configuration.
+        verifier: ``check_many(jobs) -> verdicts`` (`models.verifier.Verifier`).
+        out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``adapter/`` (LoRA) and ``merged/``.
+        emit: metrics callback ``emit(metrics, step)``, keys under ``didpo/`` for every algorithm; an exception
+            raised there aborts training (the last checkpoint stays valid).
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False starts over.
+        rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
+
+    Returns:
+        an `RLResult`.
+
+    Raises:
+        ValueError: no problems, a tokenizer without pad/eos token.
+        models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config or other
+            problems.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from models.advantages import RunningMeanStd
+    from models.checkpoint import (
+        CheckpointMismatchError,
+        capture_rng_state,
+        latest_checkpoint,
+        load_checkpoint,
+        load_trainable_state_dict,
+        restore_rng_state,
+        save_checkpoint,
+        set_seed,
+        trainable_state_dict,
+    )
+    from models.lora import apply_lora, count_parameters
+    from models.policy import resolve_device
+    from models.sft import DataOrder, _autocast_factory, _export
+    from models.value_head import ValueHead
+
+    if not problems:
+        raise ValueError("no problems to train on")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"
+    device = resolve_device(cfg.device)
+    autocast = _autocast_factory(cfg.mixed_precision, device)
+
+    set_seed(cfg.seed)
+    reference_copy = None
+    if cfg.kl_coef and not cfg.lora:
+        reference_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    if cfg.lora:
+        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    model.to(device)
+    model.train()
+    policy_params = [p for p in model.parameters() if p.requires_grad]
+    if not policy_params:
+        raise ValueError("the model has no trainable parameters")
+    groups = [{"params": policy_params, "lr": cfg.learning_rate, "weight_decay": 0.0}]
+    value_head = None
+    if cfg.uses_critic:
+        value_head = ValueHead(model.config.hidden_size).to(device)
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
+    params = [p for g in groups for p in g["params"]]
+    optimizer = torch.optim.AdamW(groups)
+    order = DataOrder(len(problems), _generator_seed(cfg.seed, 1))
+    minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
+    normaliser = RunningMeanStd() if cfg.normalize_rewards else None
+    fingerprint = _fingerprint(cfg, problems)
+    generators = {"data": order.generator, "minibatch": minibatch_generator}
+    step, history = 0, []
+
+    if not resume:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+    latest = latest_checkpoint(ckpt_root) if resume else None
+    if latest is not None:
+        ckpt = load_checkpoint(latest)
+        if ckpt.state["fingerprint"] != fingerprint:
+            raise CheckpointMismatchError(
+                f"{latest} was written by a run with another didpo config or other problems; delete "
+                f"{ckpt_root} (or pass resume=False) to start over"
+            )
+        load_trainable_state_dict(model, ckpt.tensors["trainable"])
+        if value_head is not None:
+            value_head.load_state_dict(ckpt.tensors["value_head"])
+        optimizer.load_state_dict(ckpt.objects["optimizer"])
+        order.load_state_dict(ckpt.state["data_order"])
+        if normaliser is not None:
+            normaliser.load_state_dict(ckpt.state["reward_normaliser"])
+        restore_rng_state(ckpt.objects["rng"], generators)
+        step, history = ckpt.step, ckpt.state["history"]
+    rollout_log = _RolloutLog(rollouts_path, step)
+
+    def reference():
+        """The KL reference: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
+        if reference_copy is not None:
+            return contextlib.nullcontext(reference_copy)
+        return _adapters_disabled(model)
+
+    def write_checkpoint() -> None:
+        tensors = {"trainable": trainable_state_dict(model)}
+        if value_head is not None:
+            tensors["value_head"] = {k: v.detach().clone() for k, v in value_head.state_dict().items()}
+        save_checkpoint(
+            ckpt_root,
+            step,
+            tensors=tensors,
+            objects={"optimizer": optimizer.state_dict(), "rng": capture_rng_state(generators)},
+            state={
+                "fingerprint": fingerprint,
+                "data_order": order.state_dict(),
+                "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
+                "history": history,
+            },
+        )
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"rl ({cfg.algo})", mininterval=5.0)
+    while step < cfg.steps:
+        started = time.perf_counter()
+        # ---- rollouts (dapo refills groups whose rewards are all equal)
+        sampled, kept_flags, sample_time, draw = [], [], 0.0, 0
+        want = cfg.prompts_per_step
+        while True:
+            chosen = [problems[i] for i in order.take(want)]
+            t0 = time.perf_counter()
+            new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, sampling_seed(cfg.seed, step, draw), draw)
+            sample_time += time.perf_counter() - t0
+            for group in new:
+                sampled.append(group)
+                kept_flags.append(not (cfg.algo == "dapo" and zero_std(group)))
+            missing = cfg.prompts_per_step - sum(kept_flags)
+            if cfg.algo != "dapo" or missing == 0 or draw == cfg.max_refill:
+                break
+            draw, want = draw + 1, missing
+        kept = [g for g, keep in zip(sampled, kept_flags, strict=True) if keep]
+        everything = [r for g in sampled for r in g]
+        rollouts = [r for g in kept for r in g]
+
+        metrics = {
+            "didpo/reward/outcome": _mean([r.outcome for r in everything]),
+            "didpo/reward/sequence": _mean([r.reward for r in everything]),
+            "didpo/pass_rate": _mean([float(r.n_tests > 0 and r.n_passed == r.n_tests) for r in everything]),
+            "didpo/frac_zero_std_groups": _mean([float(zero_std(g)) for g in sampled]),
+            "didpo/groups_sampled": float(len(sampled)),
+            "didpo/groups_trained": float(len(kept)),
+            "didpo/response_length": _mean([float(len(r.completion.completion_ids)) for r in everything]),
+            "didpo/rollouts_per_s": len(everything) / sample_time,
+            "didpo/tokens_per_s": sum(len(r.completion.completion_ids) for r in everything) / sample_time,
+        }
+        if cfg.algo == "didpo":
+            metrics["didpo/reward/process"] = _mean([r.process for r in everything])
+            metrics["didpo/reward/did"] = _mean([sum(r.did) for r in everything])
+
+        # ---- advantages and update
+        update_started = time.perf_counter()
+        if rollouts:
+            batch = build_batch(rollouts, pad_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            mask = batch["completion_mask"]
+            old_values, ref_logps = _no_grad_passes(
+                model, batch, value_head, autocast, cfg.minibatch_size, reference if cfg.kl_coef else None
+            )
+            if cfg.algo == "didpo":
+                rewards = token_reward_matrix(rollouts, mask.shape[1]).to(device)
+                if ref_logps is not None:
+                    from models.rl_losses import kl_k3
+
+                    kl = kl_k3(batch["old_per_token_logps"], ref_logps) * mask
+                    rewards = rewards - cfg.kl_coef * kl
+                    metrics["didpo/kl_ref"] = float(kl.sum() / mask.sum())
+                rewards = _normalise_and_clip(rewards, mask, normaliser, cfg)
+                advantages, returns = didpo_advantages(rewards, old_values, mask, cfg)
+                batch.update(advantages=advantages, returns=returns, old_values=old_values)
+                explained = explained_variance(old_values, returns, mask)
+                if explained is not None:
+                    metrics["didpo/explained_variance"] = explained
+            else:
+                batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
+                if ref_logps is not None:
+                    batch["ref_per_token_logps"] = ref_logps
+            warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
+            stats = ppo_update(
+                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, policy=not warmup
+            )
+            metrics.update({f"didpo/{k}": v for k, v in stats.items()})
+        step += 1
+        metrics["didpo/time/rollout_s"] = sample_time
+        metrics["didpo/time/update_s"] = time.perf_counter() - update_started
+        metrics["didpo/step_time_s"] = time.perf_counter() - started
+        history.append({"step": step, **metrics})
+        rollout_log.append(step, sampled, kept_flags)
+        emit(metrics, step)
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+            write_checkpoint()
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['didpo/reward/outcome']:.3f}", pass_rate=f"{metrics['didpo/pass_rate']:.2f}")
+    bar.close()
+
+    model.eval()
+    trainable, _ = count_parameters(model)
+    adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    return RLResult(
+        global_step=step,
+        history=history,
+        adapter_path=adapter_path,
+        merged_path=merged_path,
+        rollouts_path=rollouts_path,
+        value_head=value_head,
+        trainable_params=trainable,
+    )
+
+
+@contextlib.contextmanager
+def _adapters_disabled(model):
+    with model.disable_adapter():
+        yield model
+
+
+def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
+    """Scale token rewards by the running std of sequence returns and clip them, as configured (seed §4.3).
+
+    No mean shift: a constant per-token offset would reward length. The statistic is the sequence return, not
+    the token reward (token rewards are mostly zeros). While the returns seen so far have no spread (std 0),
+    rewards are left unscaled rather than multiplied by 1/sqrt(eps); `reward_clip` bounds what a small std does.
+    """
+    from models.advantages import clip_rewards
+
+    if normaliser is not None:
+        normaliser.update((rewards * mask).sum(-1))
+        if normaliser.var > 0:
+            rewards = normaliser.normalize(rewards)
+    if cfg.reward_clip:
+        rewards = clip_rewards(rewards, cfg.reward_clip)
+    return rewards * mask

@@ -1,0 +1,65 @@
+"""The ``didpo`` stage's work: load the DPO checkpoint, run RL (models.rl), summarise; MLflow receives every step."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.checkpoint import CheckpointMismatchError
+from models.rl import RLConfig
+from tasks.tracking import mlflow_emit
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """Copy `source` to `target` atomically (a temporary sibling, then a rename), creating parent folders."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(target)
+
+
+def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
+    """The stage's metrics (data/rl/metrics.json): the algorithm, steps done, and for each logged ``didpo/…``
+    series its first and last value and its mean over the run (keys ``<name>/first``, ``/last``, ``/mean``,
+    without the ``didpo/`` prefix)."""
+    series: dict[str, list[float]] = {}
+    for record in history:
+        for key, value in record.items():
+            if key.startswith("didpo/"):
+                series.setdefault(key.removeprefix("didpo/"), []).append(float(value))
+    out: dict = {"algo": algo, "global_step": global_step}
+    for name, values in sorted(series.items()):
+        out[f"{name}/first"] = values[0]
+        out[f"{name}/last"] = values[-1]
+        out[f"{name}/mean"] = sum(values) / len(values)
+    return out
+
+
+@task(cache_policy=NO_CACHE)
+def run_rl(
+    policy: Path, dtype: str, problems: list[dict], cfg: RLConfig, verifier, out: Path, rollouts: Path
+) -> tuple[dict, list[dict]]:
+    """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
+
+    A leftover resume checkpoint written with another config or other problems is discarded (a new run); a
+    checkpoint of this very run is resumed. The loop appends its rollouts beside its checkpoints (``out``), which DVC
+    leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
+    copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
+    """
+    from models.policy import load_policy
+    from models.rl import train_rl
+
+    model, tokenizer = load_policy(policy, dtype=dtype)
+    try:
+        result = train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, True)
+    except CheckpointMismatchError:
+        model, tokenizer = load_policy(policy, dtype=dtype)
+        result = train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, False)
+    copy_file(result.rollouts_path, rollouts)
+    metrics = summarise_history(result.history, cfg.algo, result.global_step)
+    metrics["trainable_params"] = result.trainable_params
+    return metrics, result.history

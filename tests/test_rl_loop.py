@@ -1,0 +1,501 @@
+"""The RL loop (models/rl.py): forward/sampler agreement, the PPO step's direction, loss aggregation per algorithm,
+didpo's advantages, rollout scoring through the real sandbox, exact resume, and one loop for didpo/grpo/dapo.
+
+All on the tiny random Llama of `models.policy.build_tiny_causal_lm` (CPU, seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import models.sampling
+from models.checkpoint import CheckpointMismatchError, latest_checkpoint, list_checkpoints, load_checkpoint
+from models.policy import build_tiny_causal_lm
+from models.process_reward import ProcessRewardConfig, did_rewards
+from models.prompts import reference_code
+from models.rl import (
+    RLConfig,
+    Rollout,
+    build_batch,
+    collect_rollouts,
+    didpo_advantages,
+    policy_forward,
+    ppo_losses,
+    ppo_update,
+    sampling_seed,
+    token_reward_matrix,
+    train_rl,
+)
+from models.sampling import Completion, SamplingConfig, build_chat_prompt, sample
+from models.value_head import ValueHead
+from models.verifier import Verifier, VerifierConfig
+from tasks.rl import summarise_history
+
+# Small and quick; every test states what it changes.
+BASE = dict(
+    steps=2,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=12,
+    learning_rate=1e-3,
+    value_learning_rate=1e-2,
+    lora_r=4,
+    lora_alpha=8.0,
+    minibatch_size=4,
+    device="cpu",
+    checkpoint_every=0,
+    target_kl=0.0,
+)
+
+
+def problem(i: int) -> dict:
+    """A data-cleaning problem in the data/README.md schema (two tests)."""
+    name = f"clean_{i}"
+    return {
+        "task_id": f"DataClean/strip/{i:04d}",
+        "prompt": f'def {name}(items):\n    """Strip each string (variant {i})."""\n',
+        "entry_point": name,
+        "canonical_solution": "    # Step 1: strip each string\n    out = [s.strip() for s in items]\n    return out\n",
+        "test": "def check(candidate):\n    assert candidate([' a ']) == ['a']\n    assert candidate([]) == []\n",
+        "steps": ["Step 1: strip each string"],
+        "instruction": f"Write a Python function `{name}` that strips each string.",
+        "key_patterns": [".strip()"],
+        "family": "strip",
+        "split": "train",
+        "source": "generated:v1",
+    }
+
+
+PROBLEMS = [problem(i) for i in range(6)]
+
+
+class IndexVerifier:
+    """A deterministic stand-in for the sandbox: job k of a call passes k % 3 of its 2 tests, so the rewards of a
+    group vary (a random tiny model writes no code the real sandbox would pass); problems whose entry point is in
+    `constant` pass nothing (a group whose rewards are all equal)."""
+
+    def __init__(self, constant: frozenset[str] = frozenset()):
+        self.constant = constant
+
+    def check_many(self, jobs, progress=False):
+        return [
+            SimpleNamespace(n_passed=0 if entry in self.constant else k % 3, n_tests=2, reason="stub")
+            for k, (_, _, entry) in enumerate(jobs)
+        ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: one intra-op thread is fastest and avoids spinning threads on a shared box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier(VerifierConfig(workers=2, timeout_s=5.0, cpu_s=5)) as v:
+        yield v
+
+
+def lora_params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters() if "lora_" in k}
+
+
+def read_rollouts(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def timeless(history):
+    """History without wall-clock figures (throughputs and timings)."""
+    timing = ("didpo/rollouts_per_s", "didpo/tokens_per_s", "didpo/step_time_s")
+    return [{k: v for k, v in h.items() if k not in timing and not k.startswith("didpo/time/")} for h in history]
+
+
+# ------------------------------------------------------------------------------------ forward and update
+
+
+def sampled_batch(model, tok, n=3, seed=0):
+    prompt = build_chat_prompt(tok, "Write a function that strips strings.")
+    completions = sample(model, tok, [prompt], SamplingConfig(n=n, max_new_tokens=10, seed=seed), progress=False)[0]
+    rollouts = [Rollout(PROBLEMS[0], 0, j, c, 0, 2, "x", 0.0, 0.0) for j, c in enumerate(completions)]
+    return build_batch(rollouts, tok.pad_token_id)
+
+
+def test_policy_forward_reproduces_the_samplers_log_probs_and_zero_values():
+    """The training forward (left-padded prompt | right-padded completion) gives the sampler's recorded old
+    log-probs token for token, so the first PPO ratio is 1; a fresh value head predicts 0."""
+    model, tok = build_tiny_causal_lm(0)
+    batch = sampled_batch(model, tok)
+    mask = batch["completion_mask"]
+    assert mask.sum(-1).min() >= 1 and batch["input_ids"].shape[1] == batch["attention_mask"].shape[1]
+    head = ValueHead(model.config.hidden_size)
+    with torch.no_grad():
+        logps, logits, values = policy_forward(model, batch, head)
+    assert logps.shape == mask.shape and logits.shape == (*mask.shape, model.config.vocab_size)
+    diff = ((logps - batch["old_per_token_logps"]) * mask).abs().max().item()
+    assert diff < 1e-4
+    assert values.dtype == torch.float32 and torch.equal(values, torch.zeros_like(values))
+    # the values are the head applied to the hidden state that predicts each completion token
+    torch.nn.init.normal_(head.summary.weight)
+    with torch.no_grad():
+        hidden = model(input_ids=batch["input_ids"][:1], output_hidden_states=True).hidden_states[-1]
+        _, _, values = policy_forward(model, {k: v[:1] for k, v in batch.items()}, head)
+    width = mask.shape[1]
+    torch.testing.assert_close(values[0], head(hidden[0, -(width + 1) : -1]))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_ppo_update_moves_the_log_prob_of_a_token_with_the_sign_of_its_advantage(sign):
+    """One real AdamW step with advantage ±1 on one token (0 elsewhere) raises (lowers) that token's log-prob."""
+    from models.lora import apply_lora
+
+    model, tok = build_tiny_causal_lm(0)
+    batch = {k: v[:1] for k, v in sampled_batch(model, tok, n=1).items()}
+    torch.manual_seed(0)
+    model = apply_lora(model, 4, 8.0, 0.0)
+    t = int(batch["completion_mask"].sum()) // 2
+    advantages = torch.zeros_like(batch["completion_mask"])
+    advantages[0, t] = sign
+    batch["advantages"] = advantages
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    cfg = RLConfig(**dict(BASE, algo="dapo", minibatch_size=1))
+    with torch.no_grad():
+        before = policy_forward(model, batch)[0][0, t].item()
+    stats = ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        after = policy_forward(model, batch)[0][0, t].item()
+    assert stats["updates"] == 1.0 and abs(stats["ratio_mean"] - 1.0) < 1e-4
+    assert sign * (after - before) > 1e-4
+
+
+def test_target_kl_stops_the_updates_of_the_step():
+    """The first minibatch sees ratio 1 (approx_kl 0) and updates; the second sees the moved policy, exceeds a tiny
+    target_kl, updates, and stops the remaining epochs: 2 optimizer steps of the 3 × 2 planned."""
+    from models.lora import apply_lora
+
+    model, tok = build_tiny_causal_lm(0)
+    batch = sampled_batch(model, tok, n=2)
+    torch.manual_seed(0)
+    model = apply_lora(model, 4, 8.0, 0.0)
+    batch["advantages"] = torch.tensor([[1.0], [-1.0]]) * batch["completion_mask"]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    cfg = RLConfig(**dict(BASE, algo="dapo", minibatch_size=1, ppo_epochs=3, target_kl=1e-9))
+    stats = ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))
+    assert stats["updates"] == 2.0
+    cfg = dataclasses.replace(cfg, target_kl=0.0)
+    assert ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))["updates"] == 6.0
+
+
+def test_critic_warmup_trains_the_value_head_only(tmp_path):
+    cfg = RLConfig(**dict(BASE, steps=1, critic_warmup_steps=1, ppo_epochs=2))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    start = build_tiny_causal_lm(0)[0].state_dict()
+    assert all(torch.equal(value, start[key]) for key, value in model.state_dict().items())  # merged = unchanged
+    assert result.value_head.summary.weight.abs().sum() > 0 and result.history[0]["didpo/updates"] == 4.0
+
+
+def test_losses_aggregate_per_sequence_for_grpo_and_per_token_for_dapo_as_trl():
+    """TRL GRPOTrainer's formulas, written out: per-token −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) + β·k3, then
+    loss_type "grpo" = mean over sequences of per-sequence token means, "dapo" = mean over all tokens; grpo clips
+    symmetrically (ε_high = ε_low)."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0, 0.0]])
+    logps = -torch.rand(2, 5, generator=g) - 0.5
+    old = logps + 0.4 * (torch.rand(2, 5, generator=g) - 0.5)
+    ref = logps + 0.3 * (torch.rand(2, 5, generator=g) - 0.5)
+    adv = torch.tensor([[1.5], [-0.7]]).expand(2, 5) * mask
+    logits = torch.randn(2, 5, 7, generator=g)
+    batch = {"completion_mask": mask, "old_per_token_logps": old, "advantages": adv, "ref_per_token_logps": ref}
+    beta = 0.05
+    for algo, high in (("grpo", 0.2), ("dapo", 0.28)):
+        cfg = RLConfig(**dict(BASE, algo=algo, kl_coef=beta, eps_low=0.2, eps_high=0.28))
+        loss, stats = ppo_losses(logps, logits, None, batch, cfg)
+        ratio = torch.exp(logps - old)
+        per_token = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1 + high) * adv)
+        per_token = per_token + beta * (torch.exp(ref - logps) - (ref - logps) - 1)
+        if algo == "grpo":
+            expected = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+        else:
+            expected = (per_token * mask).sum() / mask.sum()
+        torch.testing.assert_close(loss, expected)
+        assert stats["clip_frac/high"] == pytest.approx(
+            float((((ratio > 1 + high) & (adv > 0)).float() * mask).sum() / mask.sum())
+        )
+
+
+def test_didpo_advantages_by_hand_with_decoupled_lambdas():
+    """Rewards [0, 0.5, 1] (+ a padded row), values [0.2, 0.4, 0.6], γ = 1. λ_policy = 0: A_t = δ_t =
+    r_t + V_{t+1} − V_t = [0.2, 0.7, 0.4]; λ_critic = 1: returns = reward-to-go = [1.5, 1.5, 1.0]."""
+    rewards = torch.tensor([[0.0, 0.5, 1.0], [2.0, 0.0, 0.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.5, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    cfg = RLConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=1.0, whiten_advantages=False))
+    advantages, returns = didpo_advantages(rewards, values, mask, cfg)
+    torch.testing.assert_close(advantages, torch.tensor([[0.2, 0.7, 0.4], [1.5, 0.0, 0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.5, 1.5, 1.0], [2.0, 0.0, 0.0]]))
+    # without lam_critic the returns use λ = 0 too: r_t + V_{t+1}
+    _, returns = didpo_advantages(rewards, values, mask, dataclasses.replace(cfg, lam_critic=None))
+    torch.testing.assert_close(returns, torch.tensor([[0.4, 1.1, 1.0], [2.0, 0.0, 0.0]]))
+    # whitened: zero mean, unit (unbiased) std over the real tokens
+    advantages, _ = didpo_advantages(rewards, values, mask, dataclasses.replace(cfg, whiten_advantages=True))
+    real = advantages[mask.bool()]
+    assert abs(real.mean().item()) < 1e-6 and real.std().item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_token_reward_matrix_places_did_rewards_on_step_ends_and_the_sequence_reward_last():
+    completion = SimpleNamespace(completion_ids=[5, 6, 7, 8, 9])
+    r = Rollout(PROBLEMS[0], 0, 0, completion, 1, 2, "assertion", 0.5, 0.75, did=[0.5, -0.2, 0.1], step_ends=[1, 3, 3])
+    short = Rollout(PROBLEMS[0], 0, 1, SimpleNamespace(completion_ids=[5, 6]), 0, 2, "assertion", 0.0, -1.0)
+    out = token_reward_matrix([r, short], width=6)
+    expected = torch.tensor([[0.0, 0.5, 0.0, -0.1, 0.75, 0.0], [0.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(out, expected)
+
+
+# --------------------------------------------------------------------------------------- rollout scoring
+
+
+GOOD = (
+    "The function strips each string.\n\n"
+    "```python\ndef clean_0(items):\n    out = [s.strip() for s in items]\n    return out\n```"
+)
+HALF = "```python\ndef clean_0(items):\n    return [s for s in items]\n```"
+EXIT = "```python\nimport sys\nsys.exit(0)\n```"
+
+
+def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeypatch):
+    """Scripted answers through the real verifier: the correct one earns outcome 1, a half-right one 1/2, one that
+    exits early 0; didpo's step rewards are the DiD rewards of the answer's code lines against the reference,
+    each on the token that completes its line; grpo's reward is the outcome alone."""
+    model, tok = build_tiny_causal_lm(0)
+    texts = [GOOD, HALF, EXIT, "no code at all"]
+
+    def scripted(model, tokenizer, prompts, config, progress=True):
+        assert config.n == 4 and config.seed == 1234
+        return [
+            [
+                Completion(t, models.sampling.extract_code(t), [1], tok(t)["input_ids"] + [2], [0.0] * 99, "eos")
+                for t in texts
+            ]
+            for _ in prompts
+        ]
+
+    monkeypatch.setattr(models.sampling, "sample", scripted)
+    reward = ProcessRewardConfig(w_format=0.5)
+    cfg = RLConfig(**dict(BASE, algo="didpo", reward=reward))
+    (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], cfg, verifier, seed=1234)
+    assert [(r.n_passed, r.n_tests) for r in group] == [(2, 2), (1, 2), (0, 2), (0, 2)]
+    assert [r.outcome for r in group] == [1.0, 0.5, 0.0, 0.0]
+    assert [r.reward for r in group] == [1.5, 1.0, 0.5, 0.0]  # + w_format · one fenced python block
+    reference = [line for line in reference_code(PROBLEMS[0]).splitlines() if line.strip()]
+    lines = ["def clean_0(items):", "    out = [s.strip() for s in items]", "    return out"]
+    expected = did_rewards(lines, reference, PROBLEMS[0], reward)
+    np.testing.assert_allclose(group[0].did, expected.d)
+    assert group[0].process == pytest.approx(expected.phi[-1] - expected.phi[0])
+    ids = group[0].completion.completion_ids
+    for line, end in zip(lines, group[0].step_ends, strict=True):
+        # the end token is the one whose text holds the line's newline (it may carry the next indent too)
+        assert line + "\n" in tok.decode(ids[: end + 1]) and line + "\n" not in tok.decode(ids[:end])
+    assert group[3].did == [] and group[3].step_ends == []
+    grpo = RLConfig(**dict(BASE, algo="grpo", reward=reward))
+    (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], grpo, verifier, seed=1234)
+    assert [r.reward for r in group] == [1.0, 0.5, 0.0, 0.0] and all(r.did == [] for r in group)
+
+
+# ------------------------------------------------------------------------------------------ exact resume
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def rng_snapshot():
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+
+
+def test_exact_resume_after_a_crash(tmp_path):
+    """3 steps in one go ≡ 2 steps, a crash, a resume in a fresh model, 1 step: same LoRA weights, value head,
+    optimizer-driven history, RNG stream, prompt order and rollouts file (KL reference, reward normaliser,
+    critic warm-up and uneven minibatches over 2 epochs all on)."""
+    cfg = RLConfig(
+        **dict(
+            BASE,
+            steps=3,
+            checkpoint_every=1,
+            kl_coef=0.1,
+            normalize_rewards=True,
+            reward_clip=5.0,
+            critic_warmup_steps=1,
+            ppo_epochs=2,
+            minibatch_size=3,
+        )
+    )
+    stub = IndexVerifier()
+    model, tok = build_tiny_causal_lm(0)
+    straight = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "straight")
+    straight_rng = rng_snapshot()
+
+    def crash_at_step_3(metrics, step):
+        if step == 3:
+            raise Crash
+
+    model, tok = build_tiny_causal_lm(0)
+    with pytest.raises(Crash):
+        train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed", emit=crash_at_step_3)
+    assert [p.name for p in list_checkpoints(tmp_path / "resumed/checkpoints")] == ["checkpoint-00000002"]
+    assert {r["step"] for r in read_rollouts(tmp_path / "resumed/rollouts.jsonl")} == {1, 2, 3}  # step 3 was written
+    torch.manual_seed(123)  # the crashed process's RNG state must not matter
+    model, tok = build_tiny_causal_lm(0)
+    resumed = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+
+    assert resumed.global_step == straight.global_step == 3
+    assert timeless(resumed.history) == timeless(straight.history)
+    assert [h["step"] for h in resumed.history] == [1, 2, 3]
+    for key, value in straight.value_head.state_dict().items():
+        torch.testing.assert_close(resumed.value_head.state_dict()[key], value, atol=1e-6, rtol=0)
+    assert straight.value_head.summary.weight.abs().sum() > 0  # the critic did learn
+    ckpts = [load_checkpoint(latest_checkpoint(tmp_path / d / "checkpoints")) for d in ("straight", "resumed")]
+    for key, value in ckpts[0].tensors["trainable"].items():
+        torch.testing.assert_close(ckpts[1].tensors["trainable"][key], value, atol=1e-6, rtol=0)
+    assert ckpts[0].state["data_order"] == ckpts[1].state["data_order"]
+    assert ckpts[0].state["reward_normaliser"] == ckpts[1].state["reward_normaliser"]
+    assert ckpts[0].state["reward_normaliser"]["count"] == 3 * 8  # one sequence return per rollout per step
+    for name in ("data", "minibatch"):
+        assert torch.equal(ckpts[0].objects["rng"]["generators"][name], ckpts[1].objects["rng"]["generators"][name])
+    resumed_rng = rng_snapshot()
+    assert torch.equal(resumed_rng[0], straight_rng[0])
+    assert resumed_rng[1] == straight_rng[1] and np.array_equal(resumed_rng[2], straight_rng[2])
+    # the rollouts file holds each step once (the crashed step 3 was dropped and redone identically)
+    a, b = read_rollouts(tmp_path / "straight/rollouts.jsonl"), read_rollouts(tmp_path / "resumed/rollouts.jsonl")
+    assert a == b and len(a) == 3 * 8
+    # the critic warm-up step left the policy untouched; later steps moved it
+    assert "didpo/pg_loss" not in straight.history[0] and "didpo/pg_loss" in straight.history[1]
+    # a checkpoint only resumes the run that wrote it
+    with pytest.raises(CheckpointMismatchError, match="another didpo config"):
+        train_rl(
+            build_tiny_causal_lm(0)[0], tok, PROBLEMS, dataclasses.replace(cfg, lam=0.9), stub, tmp_path / "resumed"
+        )
+
+
+# -------------------------------------------------------------------------------- one loop, three algos
+
+
+def test_sampling_seed_changes_every_step_and_draw():
+    seeds = {sampling_seed(0, step, draw) for step in range(50) for draw in range(3)}
+    assert len(seeds) == 150 and sampling_seed(0, 7, 1) == sampling_seed(0, 7, 1) != sampling_seed(1, 7, 1)
+
+
+def test_one_loop_three_algos(tmp_path, verifier):
+    """Same seed → the same first-step samples for didpo, grpo and dapo (one sampler, same initial weights); grpo
+    and dapo train no critic; with the real sandbox every answer of the random model fails, so every group's
+    rewards are equal: grpo's advantages are all 0, dapo drops every group and refills up to max_refill times
+    without updating, didpo still learns its critic and policy from the per-token rewards."""
+    runs = {}
+    for algo in ("didpo", "grpo", "dapo"):
+        model, tok = build_tiny_causal_lm(0)
+        cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, reward=ProcessRewardConfig(overlong_max=0)))
+        result = train_rl(model, tok, PROBLEMS, cfg, verifier, tmp_path / algo)
+        runs[algo] = (result, read_rollouts(result.rollouts_path), model)
+
+    first = {
+        algo: [(r["task_id"], r["completion"]) for r in rows if r["draw"] == 0] for algo, (_, rows, _) in runs.items()
+    }
+    assert first["didpo"] == first["grpo"] == first["dapo"] and len(first["grpo"]) == 8
+    assert len({text for _, text in first["grpo"]}) > 1  # the samples of a group differ
+
+    didpo, grpo, dapo = (runs[a][0] for a in ("didpo", "grpo", "dapo"))
+    assert grpo.value_head is None and dapo.value_head is None and didpo.value_head is not None
+    assert not any(k.startswith("didpo/vf_") for k in grpo.history[0])
+    assert "didpo/vf_loss" in didpo.history[0]
+    assert grpo.history[0]["didpo/frac_zero_std_groups"] == 1.0
+    assert grpo.history[0]["didpo/pg_loss"] == 0.0  # zero advantages everywhere
+
+    h = dapo.history[0]
+    assert h["didpo/frac_zero_std_groups"] == 1.0
+    assert h["didpo/groups_sampled"] == 2 * 3 and h["didpo/groups_trained"] == 0
+    assert "didpo/pg_loss" not in h  # no update at all
+    rows = runs["dapo"][1]
+    assert sorted({r["draw"] for r in rows}) == [0, 1, 2] and not any(r["trained"] for r in rows)
+    # draws use fresh prompts from the order and fresh sampling seeds
+    assert len({r["task_id"] for r in rows}) == len(PROBLEMS)
+
+
+def test_dapo_refills_exactly_the_dropped_groups(tmp_path):
+    """Groups of problems whose rewards are all equal are dropped and replaced by new draws until
+    prompts_per_step groups carry signal (or max_refill draws are spent)."""
+    constant = frozenset({"clean_0", "clean_1", "clean_2"})
+    cfg = RLConfig(**dict(BASE, algo="dapo", steps=3, prompts_per_step=2, max_refill=3))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
+    rows = read_rollouts(result.rollouts_path)
+    for step, h in enumerate(result.history, start=1):
+        groups = {}
+        for r in rows:
+            if r["step"] == step:
+                groups.setdefault((r["draw"], r["task_id"]), []).append(r)
+        dropped = [key for key, g in groups.items() if len({x["reward"] for x in g}) == 1]
+        assert all(not x["trained"] for key in dropped for x in groups[key])
+        assert all(x["trained"] for key, g in groups.items() if key not in dropped for x in g)
+        assert {k[1] for k in dropped} <= {f"DataClean/strip/{i:04d}" for i in range(3)}
+        assert h["didpo/groups_sampled"] == len(groups)
+        assert h["didpo/frac_zero_std_groups"] == len(dropped) / len(groups)
+        assert h["didpo/groups_trained"] == len(groups) - len(dropped) == 2  # 3 varied problems of 6: enough
+        last = max(k[0] for k in groups)
+        assert last == 0 or len(groups) - len(dropped) == 2  # refills stop once the step is full
+
+
+def test_steps_sample_anew_from_the_same_prompt(tmp_path):
+    """One problem, no learning (lr 0): the samples still change from step to step (per-step sampling seeds)."""
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=2, prompts_per_step=1, learning_rate=0.0))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS[:1], cfg, IndexVerifier(), tmp_path)
+    rows = read_rollouts(result.rollouts_path)
+    step1 = [r["completion"] for r in rows if r["step"] == 1]
+    step2 = [r["completion"] for r in rows if r["step"] == 2]
+    assert len(step1) == len(step2) == 4 and step1 != step2
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_kl_reference_is_the_starting_policy(tmp_path, lora):
+    """β > 0: the reference is the starting weights (LoRA: adapters disabled; full fine-tuning: a frozen copy), so
+    the k3 KL is 0 on the first step (one minibatch: measured before any update) and grows once the policy moved."""
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=3, kl_coef=0.1, learning_rate=1e-2, lora=lora, minibatch_size=8))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    kl = [h["didpo/kl_ref"] for h in result.history]
+    assert kl[0] < 1e-7 and kl[2] > 1e-4
+    assert (result.adapter_path is None) is (not lora)
+
+
+def test_export_and_summary(tmp_path):
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=2))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    assert (result.adapter_path / "adapter_config.json").is_file()
+    assert (result.merged_path / "config.json").is_file()
+    summary = summarise_history(result.history, cfg.algo, result.global_step)
+    outcomes = [h["didpo/reward/outcome"] for h in result.history]
+    assert summary["algo"] == "grpo" and summary["global_step"] == 2
+    assert summary["reward/outcome/first"] == outcomes[0] and summary["reward/outcome/last"] == outcomes[-1]
+    assert summary["reward/outcome/mean"] == pytest.approx(sum(outcomes) / 2)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="didpo.algo"):
+        RLConfig(algo="ppo")
+    with pytest.raises(ValueError, match="group_size must be >= 2 for grpo"):
+        RLConfig(algo="grpo", group_size=1)
+    with pytest.raises(ValueError, match="lam_critic"):
+        RLConfig(lam_critic=1.5)
+    assert RLConfig(algo="grpo").clip_high == 0.2 and RLConfig(algo="dapo").clip_high == 0.28
