@@ -9,9 +9,9 @@ Experiments change values with ``dvc exp run -S section.field=value``; stages ne
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -197,13 +197,13 @@ def _describe(error: dict[str, Any]) -> str:
 
 
 def _section_class(loc: tuple) -> type | None:
-    cls: type = Params
+    """The dataclass that holds the last key of ``loc`` (nested sections included), or None."""
+    cls: Any = Params
     for part in loc[:-1]:
-        match = [f for f in fields(cls) if f.name == part]
-        if not match:
+        if not is_dataclass(cls):
             return None
-        cls = match[0].type if isinstance(match[0].type, type) else type(match[0].default)
-    return cls
+        cls = get_type_hints(cls).get(str(part))
+    return cls if is_dataclass(cls) else None
 
 
 def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Params:

@@ -74,3 +74,8 @@ def test_malformed_yaml_and_non_mapping(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_params(bad)
+
+
+def test_unknown_nested_key_names_the_nested_section():
+    with pytest.raises(ConfigError, match=r"didpo\.reward\.bogus: unknown key; allowed keys: w_syntax, "):
+        parse_params({"didpo": {"reward": {"bogus": 1}}})
