@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")
 MAX_EPOCHS = 3.0
+_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens")  # DPOConfig fields the loop does not read
 _MIXED_PRECISION = ("auto", "bf16", "no")
 
 
@@ -99,6 +100,11 @@ class DPOConfig:
         checkpoint_every: exact-resume checkpoint every this many steps (and at the end); 0 disables.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
         mixed_precision: "auto" (bf16 autocast on CUDA with bf16 support), "bf16" or "no".
+        held_out_frac: the dpo stage holds out this fraction of the prompts (all their pairs) for evaluation, in
+            [0, 0.5]; not read by `train_dpo`.
+        val_problems: the dpo stage measures format compliance, unsafe-code rate and greedy pass@1 on this many val
+            problems before and after DPO (0 = all); not read by `train_dpo`.
+        max_new_tokens: generation budget of that measurement (tokens); not read by `train_dpo`.
     """
 
     loss_type: str = "sigmoid"
@@ -126,8 +132,13 @@ class DPOConfig:
     checkpoint_every: int = 10
     device: str = "auto"
     mixed_precision: str = "auto"
+    held_out_frac: float = 0.1
+    val_problems: int = 20
+    max_new_tokens: int = 256
 
     def __post_init__(self):
+        if not 0 <= self.held_out_frac <= 0.5 or self.val_problems < 0 or self.max_new_tokens < 1:
+            raise ValueError("dpo.held_out_frac must be in [0, 0.5], dpo.val_problems >= 0, dpo.max_new_tokens >= 1")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"dpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.beta <= 0:
@@ -583,6 +594,17 @@ def ches_scores(model, pairs: Sequence[dict], batch_size: int, pad_id: int) -> t
 # ------------------------------------------------------------------------------------------- training loop
 
 
+def split_pairs(pairs: Sequence[dict], held_out_frac: float) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)``: a pair is held out when the sha256 of its prompt, read as a number in [0, 1), is below
+    `held_out_frac`, so all pairs of a prompt land on the same side (no prompt leaks into evaluation) and the split
+    does not depend on the order or number of pairs. Order is kept within each side."""
+    train, held_out = [], []
+    for row in pairs:
+        u = int(hashlib.sha256(row["prompt"].encode("utf-8", "surrogateescape")).hexdigest()[:15], 16) / 16**15
+        (held_out if u < held_out_frac else train).append(row)
+    return train, held_out
+
+
 def pair_metrics(
     cfg: DPOConfig,
     chosen_logps: torch.Tensor,
@@ -657,7 +679,7 @@ def _fingerprint(cfg: DPOConfig, train: Sequence[dict], evals: Sequence[dict], r
     """Hash of the config, the tokenised pairs and the reference: a checkpoint only resumes the run that wrote it."""
     payload = json.dumps(
         [
-            dataclasses.asdict(cfg),
+            {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _STAGE_ONLY},
             [(p["chosen"]["input_ids"], p["chosen"]["labels"], p["rejected"]["input_ids"]) for p in train],
             [(p["chosen"]["input_ids"], p["rejected"]["input_ids"]) for p in evals],
             reference_sha256,

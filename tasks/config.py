@@ -17,6 +17,8 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from models.dpo import DPOConfig
+from models.selfplay import SelfplayConfig
 from models.sft import SFTConfig
 from tasks.mine import MineConfig
 
@@ -179,6 +181,8 @@ class Params:
     baseline: BaselineConfig = BaselineConfig()
     sft: SFTConfig = SFTConfig()
     gate: GateConfig = GateConfig()
+    selfplay: SelfplayConfig = SelfplayConfig()
+    dpo: DPOConfig = DPOConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 

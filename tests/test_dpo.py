@@ -241,8 +241,11 @@ def test_sequence_logps_equal_a_naive_masked_sum():
     naive = (logp[:, :-1].gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) * keep).sum(-1)
     torch.testing.assert_close(masked, naive, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(full, naive, atol=1e-4, rtol=1e-5)
-    expected_n = [len(ex["input_ids"]) - ex["n_prompt_tokens"] for side in ("chosen", "rejected") for ex in
-                  [p[side] for p in pairs]]  # fmt: skip
+    expected_n = [
+        len(ex["input_ids"]) - ex["n_prompt_tokens"]
+        for side in ("chosen", "rejected")
+        for ex in [p[side] for p in pairs]
+    ]
     assert n_masked.tolist() == n_full.tolist() == expected_n
     assert all(n > 5 for n in expected_n)
 
@@ -398,9 +401,17 @@ def near_duplicates(n: int) -> list[dict]:
 
 def test_near_duplicate_pairs_trigger_the_displacement_monitor(tmp_path):
     cfg = DPOConfig(
-        **dict(BASE, max_steps=20, eval_every=1, learning_rate=1e-2, beta=0.1, displacement_threshold=2.0,
-               early_stopping_patience=0, lora_r=8)
-    )  # fmt: skip
+        **dict(
+            BASE,
+            max_steps=20,
+            eval_every=1,
+            learning_rate=1e-2,
+            beta=0.1,
+            displacement_threshold=2.0,
+            early_stopping_patience=0,
+            lora_r=8,
+        )
+    )
     rows = near_duplicates(8)
     model, tok = build_tiny_causal_lm(0)
     with warnings.catch_warnings(record=True) as caught:

@@ -72,8 +72,10 @@ def test_merge_tags_sources_and_drops_duplicates():
         {"prompt": "q", "chosen": "c", "rejected": "d", "source": "logs"},
         {"prompt": "q", "chosen": "same", "rejected": "same", "source": "logs"},  # no preference
     ]
-    selfplay = [{"prompt": "q", "chosen": "c", "rejected": "d", "source": "selfplay"}, {"prompt": "r", "chosen": "e",
-                "rejected": "f", "source": "selfplay"}]  # fmt: skip
+    selfplay = [
+        {"prompt": "q", "chosen": "c", "rejected": "d", "source": "selfplay"},
+        {"prompt": "r", "chosen": "e", "rejected": "f", "source": "selfplay"},
+    ]
     merged = merge_pairs(human, mined, selfplay)
     assert [(m["prompt"], m["source"]) for m in merged] == [("p", "human"), ("q", "mined"), ("r", "selfplay")]
     assert merged[0]["annotator"] == "h1" and merged[1]["origin"] == "logs" and "origin" not in merged[2]
