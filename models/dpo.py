@@ -777,7 +777,7 @@ def train_dpo(
     else:
         ref = {}
         ref["train_chosen"], ref["train_rejected"] = reference_logps(model, all_train, cfg.batch_size, pad_id, autocast)
-        if evals:
+        if evaluate:
             ref["eval_chosen"], ref["eval_rejected"] = reference_logps(model, evals, cfg.batch_size, pad_id, autocast)
         keep = list(range(len(all_train)))
         if cfg.ches_filter_quantile > 0:
