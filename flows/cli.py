@@ -15,7 +15,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 # The stages in graph order; each is a module flows/<name>.py whose `run` is the stage's Prefect flow.
-STAGES = ("base_model", "prepare", "simulate_logs", "validate", "mine", "baseline", "sft", "gate", "didpo")
+STAGES = (
+    "base_model",
+    "prepare",
+    "simulate_logs",
+    "validate",
+    "mine",
+    "baseline",
+    "sft",
+    "gate",
+    "selfplay",
+    "dpo",
+    "didpo",
+)
 
 
 def _stage_flow(name: str):

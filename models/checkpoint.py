@@ -264,26 +264,26 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     return Checkpoint(path=path, step=int(state["step"]), tensors=tensors, objects=objects, state=state)
 
 
-def weights_hash(model_dir: str | Path) -> str:
-    """SHA-256 (hex) over a saved model directory's weights and architecture: every ``*.safetensors`` file and
-    ``config.json``, in sorted name order, each preceded by its name.
+def checkpoint_hash(path: str | Path) -> str:
+    """sha256 over a checkpoint directory's ``*.safetensors`` files and ``config.json``.
 
-    Identifies a checkpoint by content (the DPO stage refuses a reference whose hash differs from the SFT
-    stage's record). Tokenizer and generation files are excluded: they do not change the log-probs.
+    Files are taken in sorted order of their path relative to `path`; each contributes its relative path, its byte
+    length and its bytes, so renaming or splitting files changes the hash. The tokenizer files are not included.
 
     Raises:
-        FileNotFoundError: `model_dir` holds no ``*.safetensors`` file.
+        FileNotFoundError: `path` has no ``config.json`` or no ``*.safetensors`` file.
     """
     import hashlib
 
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors")) + [p for p in [model_dir / "config.json"] if p.exists()]
-    if not any(p.suffix == ".safetensors" for p in files):
-        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    path = Path(path)
+    weights = sorted(path.rglob("*.safetensors"))
+    if not (path / "config.json").is_file() or not weights:
+        raise FileNotFoundError(f"{path} is not a checkpoint: it needs config.json and *.safetensors files")
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with path.open("rb") as handle:
+    for file in [path / "config.json", *weights]:
+        name = file.relative_to(path).as_posix().encode()
+        digest.update(len(name).to_bytes(8, "little") + name + file.stat().st_size.to_bytes(8, "little"))
+        with open(file, "rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()

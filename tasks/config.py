@@ -17,7 +17,9 @@ import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from models.dpo import DPOConfig
 from models.rl import RLConfig
+from models.selfplay import SelfplayConfig
 from models.sft import SFTConfig
 from tasks.mine import MineConfig
 
@@ -180,6 +182,8 @@ class Params:
     baseline: BaselineConfig = BaselineConfig()
     sft: SFTConfig = SFTConfig()
     gate: GateConfig = GateConfig()
+    selfplay: SelfplayConfig = SelfplayConfig()
+    dpo: DPOConfig = DPOConfig()
     didpo: RLConfig = RLConfig()
     tracking: TrackingConfig = TrackingConfig()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.checkpoint import CheckpointMismatchError, weights_hash
+from models.checkpoint import CheckpointMismatchError, checkpoint_hash
 from models.sft import SFTConfig
 from tasks.tracking import mlflow_emit
 
@@ -36,6 +36,6 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
         "n_train_examples": result.n_train_examples,
         "n_truncated": result.n_truncated,
         "trainable_params": result.trainable_params,
-        "merged_sha256": weights_hash(result.merged_path),  # the DPO stage accepts only this reference
+        "merged_sha256": checkpoint_hash(result.merged_path),  # the DPO stage accepts only this reference
     }
     return metrics, result.history

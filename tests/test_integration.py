@@ -191,8 +191,12 @@ def test_impossible_gate_stops_the_pipeline(project):
     the gate's message, the gate's metrics say why, MLflow marks the run, and no later stage runs."""
     root, env = project
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["sft"].update(max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=512)
-    params["gate"].update(n_samples=2, k=2, val_problems=2, max_new_tokens=16, temperature=1.0, top_p=1.0, threshold=1.0)
+    params["sft"].update(
+        max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=512
+    )
+    params["gate"].update(
+        n_samples=2, k=2, val_problems=2, max_new_tokens=16, temperature=1.0, top_p=1.0, threshold=1.0
+    )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     result = sh([str(BIN / "didpo"), "run", "--no-push"], root, env, check=False)

@@ -1,0 +1,59 @@
+"""Stage ``dpo``: DPO of a fresh LoRA on the SFT checkpoint against the SFT checkpoint itself (hash-verified).
+
+Reads the merged pairs of the selfplay stage; holds out a fraction of the prompts; measures format compliance,
+unsafe-code rate and greedy pass@1 on val before (SFT) and after (DPO). Outputs data/checkpoints/dpo/{adapter,merged},
+data/dpo/metrics.json and data/dpo/history.json (DVC plots). Resume checkpoints live in
+data/checkpoints/dpo/checkpoints/ (not a DVC out), as for sft.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+
+from flows.selfplay import PAIRS
+from flows.sft import METRICS as SFT_METRICS
+from flows.sft import OUT as SFT_OUT
+from flows.validate import VALID_PROBLEMS
+from tasks import tracking
+from tasks.config import load_params
+from tasks.dpo import answer_quality, expected_reference_hash, run_dpo
+from tasks.io import write_json
+from tasks.measure import make_verifier, read_problems
+from tasks.selfplay import read_pairs
+
+OUT = Path("data/checkpoints/dpo")
+METRICS = Path("data/dpo/metrics.json")
+HISTORY = Path("data/dpo/history.json")
+
+
+@flow(name="dpo")
+def run(params_path: str = "params.yaml") -> dict:
+    """Verify the reference, measure SFT answers, train, measure DPO answers; write metrics and history."""
+    from models.dpo import split_pairs
+
+    params = load_params(params_path)
+    cfg, dtype = params.dpo, params.base_model.dtype
+    reference = SFT_OUT / "merged"
+    with tracking.stage_run("dpo", params.tracking, cfg, inputs=(str(PAIRS), str(reference))):
+        expected, origin = expected_reference_hash(SFT_METRICS, reference)
+        train, held_out = split_pairs(read_pairs(PAIRS), cfg.held_out_frac)
+        problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
+        with make_verifier(params.verifier) as verifier:
+            before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)
+            metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, OUT)
+            after = answer_quality(OUT / "merged", dtype, problems, cfg.max_new_tokens, verifier)
+        metrics = {
+            **metrics,
+            "reference_sha256": expected,
+            "reference_hash_origin": origin,
+            "sft": before,
+            "dpo": after,
+        }
+        write_json(metrics, METRICS)
+        write_json({"history": history}, HISTORY)
+        tracking.log_artifacts(METRICS, HISTORY, artifact_path="dpo")
+        quality = {f"dpo/{when}/{k}": v for when in ("sft", "dpo") for k, v in metrics[when].items()}
+        tracking.mlflow_emit(quality, step=metrics["global_step"])
+    return metrics

@@ -1,0 +1,57 @@
+"""Stage ``selfplay``: the SFT model answers training prompts K times; best vs worst answers become preference pairs,
+merged with the mined (and human) pairs into data/selfplay/pairs.jsonl, each pair tagged with its source.
+
+Runs after the gate (it depends on data/gate/metrics.json, so a failed gate blocks it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from prefect import flow
+
+from flows.mine import PAIRS as MINED_PAIRS
+from flows.sft import OUT as SFT_OUT
+from flows.validate import VALID_PAIRS, VALID_PROBLEMS
+from tasks import tracking
+from tasks.config import load_params
+from tasks.io import write_json
+from tasks.measure import make_verifier, read_problems
+from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
+
+OUT = Path("data/selfplay")
+PAIRS = OUT / "pairs.jsonl"
+METRICS = OUT / "metrics.json"
+
+
+@flow(name="selfplay")
+def run(params_path: str = "params.yaml") -> dict:
+    """Sample, verify, pair, merge; writes the pairs and data/selfplay/metrics.json (counts per source)."""
+    from models.policy import load_policy
+    from models.selfplay import merge_pairs
+
+    params = load_params(params_path)
+    cfg = params.selfplay
+    merged = SFT_OUT / "merged"
+    inputs = (str(VALID_PROBLEMS), str(merged), str(MINED_PAIRS))
+    with tracking.stage_run("selfplay", params.tracking, cfg, inputs=inputs):
+        model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
+        problems = read_problems(VALID_PROBLEMS, "train", cfg.n_prompts)
+        with make_verifier(params.verifier) as verifier:
+            selfplay, stats = generate_selfplay_pairs(model, tokenizer, problems, cfg, verifier)
+        mined = read_pairs(MINED_PAIRS) if cfg.include_mined else []
+        human = read_pairs(VALID_PAIRS) if cfg.include_human else []
+        human += [p for p in mined if p.get("source") == "human"]  # the mine stage may carry human pairs along
+        pairs = merge_pairs(human, [p for p in mined if p.get("source") != "human"], selfplay)
+        counts = Counter(p["source"] for p in pairs)
+        metrics = {
+            **stats,
+            "n_pairs": len(pairs),
+            **{f"n_{s}_pairs_kept": counts.get(s, 0) for s in ("human", "mined", "selfplay")},
+        }
+        write_pairs(pairs, PAIRS)
+        write_json(metrics, METRICS)
+        tracking.log_artifacts(METRICS, artifact_path="selfplay")
+        tracking.mlflow_emit({f"selfplay/{k}": v for k, v in metrics.items()}, step=0)
+    return metrics

@@ -1,0 +1,914 @@
+"""Direct preference optimisation (DPO) of a LoRA policy against the SFT checkpoint as the reference.
+
+The policy is the merged SFT weights plus a fresh LoRA adapter (`models.lora.apply_lora`); with the adapter disabled
+(peft ``disable_adapter()``) the same module *is* the reference, so no second copy of the model is kept. The
+reference is verified by content hash (`checkpoint_hash`, `load_reference`) before anything else: a reference from
+another distribution destabilises the implicit KL term.
+
+The loop, top to bottom (`train_dpo`):
+
+1. tokenise each pair twice with the chat template, [user, chosen] and [user, rejected]; the log-probs are summed over
+   the assistant tokens only (`build_pair_examples`, `sequence_logps`);
+2. reference log-probs of every train and held-out pair, computed ONCE with the adapter disabled, kept in memory and
+   in every checkpoint (a resumed run reads them back instead of recomputing them);
+3. optionally drop the pairs with the highest CHES score (`ches_scores`, Razin et al. 2024), the ones most likely to
+   displace the chosen answer's likelihood;
+4. a seeded, checkpointed data order; each optimizer step takes ``grad_accum_steps`` micro-batches of ``batch_size``
+   pairs (chosen and rejected stacked into one forward of 2·B rows); the per-pair losses are averaged over the whole
+   accumulated batch, so accumulation equals one big batch;
+5. AdamW, gradient clipping, cosine schedule with linear warm-up, at most `MAX_EPOCHS` passes over the pairs;
+6. held-out reward accuracy and margin every ``eval_every`` steps, early stopping on them (best = highest accuracy,
+   ties broken by the higher margin), the best weights restored at the end;
+7. the likelihood-displacement monitor (Razin et al. 2024, "Unintentional Unalignment: Likelihood Displacement in
+   Direct Preference Optimization"): at each evaluation the mean held-out chosen log-prob is compared with its value
+   before training; when it has fallen by more than ``displacement_threshold`` nats while the margin grew, the run
+   warns (`LikelihoodDisplacementWarning`, the ``dpo/eval_displaced`` metric, ``DPOResult.displacement``) and stops;
+8. exact-resume checkpoints; exports ``adapter/`` and ``merged/`` like SFT.
+
+Metrics (TRL's meanings, `emit(metrics, step)`), every step: ``dpo/loss``, ``dpo/rewards_chosen``,
+``dpo/rewards_rejected``, ``dpo/rewards_margin``, ``dpo/rewards_accuracy``, ``dpo/logps_chosen``,
+``dpo/logps_rejected``, ``dpo/learning_rate``, ``dpo/grad_norm``, ``dpo/epoch``; at each evaluation (and at step 0,
+before any update) the same with ``dpo/eval_`` in front plus ``dpo/eval_chosen_logp_drop`` and
+``dpo/eval_displaced``. Rewards are β·(log π_θ − log π_ref) summed over the answer tokens for the reference-based
+losses, β·(average log π_θ per token) for SimPO and ORPO (TRL's CPO/ORPO trainers); log-probs are sums in nats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from models.checkpoint import checkpoint_hash
+from models.sft import IGNORE_INDEX, DataOrder, build_sft_examples, collate
+
+if TYPE_CHECKING:
+    import torch
+
+LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
+REFERENCE_FREE = ("simpo", "orpo")
+MAX_EPOCHS = 3.0
+_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens")  # DPOConfig fields the loop does not read
+_MIXED_PRECISION = ("auto", "bf16", "no")
+
+
+class LikelihoodDisplacementWarning(UserWarning):
+    """The held-out chosen log-prob fell by more than the threshold while the margin grew (Razin et al. 2024)."""
+
+
+class ReferenceMismatchError(ValueError):
+    """The reference checkpoint's content hash is not the one the caller expects."""
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """The ``dpo`` section of params.yaml.
+
+    Attributes:
+        loss_type: "sigmoid" (DPO, Rafailov et al. 2023), "ipo" (Azar et al. 2023), "robust" (Chowdhury et al. 2024),
+            "simpo" (Meng et al. 2024, reference-free), "orpo" (Hong et al. 2024, reference-free).
+        beta: β, the inverse temperature of the implicit reward (sigmoid/robust/simpo), IPO's τ, ORPO's λ.
+        label_smoothing: ε, the assumed probability that a pair's label is flipped (robust only), in [0, 0.5).
+        simpo_gamma: γ, SimPO's target reward margin (nats, in units of β·average log-prob).
+        lora_r, lora_alpha, lora_dropout, lora_target_modules: the fresh adapter (see `models.sft.SFTConfig`).
+        learning_rate: peak AdamW learning rate.
+        weight_decay: AdamW decoupled weight decay on matrices.
+        batch_size: pairs per micro-batch (one forward of 2·batch_size sequences).
+        grad_accum_steps: micro-batches per optimizer step.
+        max_steps: optimizer steps; 0 means ``ceil(epochs × n_pairs / (batch_size × grad_accum_steps))``. Either way
+            capped at `MAX_EPOCHS` passes over the training pairs.
+        epochs: passes over the pairs when `max_steps` is 0, in (0, 3].
+        warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
+        max_grad_norm: clip the global gradient norm to this; 0 disables clipping (the norm is still logged).
+        max_seq_len: longest tokenised prompt + answer; longer answers are truncated on the right.
+        eval_every: held-out evaluation every this many steps (and after the last); 0 disables evaluation, early
+            stopping and the displacement monitor.
+        early_stopping_patience: stop after this many evaluations in a row without a better held-out (accuracy,
+            margin); 0 disables early stopping.
+        displacement_threshold: nats; the monitor fires when the mean held-out chosen log-prob is this much below its
+            value before training while the held-out margin is above its starting value. 0 disables the monitor.
+        ches_filter_quantile: drop this fraction of the training pairs with the highest CHES score before training,
+            in [0, 1); 0 keeps every pair.
+        seed: seeds Python, NumPy, torch (LoRA initialisation, dropout) and the data order.
+        checkpoint_every: exact-resume checkpoint every this many steps (and at the end); 0 disables.
+        device: "auto" (CUDA when available, else CPU) or a torch device string.
+        mixed_precision: "auto" (bf16 autocast on CUDA with bf16 support), "bf16" or "no".
+        held_out_frac: the dpo stage holds out this fraction of the prompts (all their pairs) for evaluation, in
+            [0, 0.5]; not read by `train_dpo`.
+        val_problems: the dpo stage measures format compliance, unsafe-code rate and greedy pass@1 on this many val
+            problems before and after DPO (0 = all); not read by `train_dpo`.
+        max_new_tokens: generation budget of that measurement (tokens); not read by `train_dpo`.
+    """
+
+    loss_type: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 0.5
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "auto"
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.0
+    batch_size: int = 4
+    grad_accum_steps: int = 1
+    max_steps: int = 0
+    epochs: float = 1.0
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    max_seq_len: int = 384
+    eval_every: int = 10
+    early_stopping_patience: int = 3
+    displacement_threshold: float = 5.0
+    ches_filter_quantile: float = 0.0
+    seed: int = 0
+    checkpoint_every: int = 10
+    device: str = "auto"
+    mixed_precision: str = "auto"
+    held_out_frac: float = 0.1
+    val_problems: int = 20
+    max_new_tokens: int = 256
+
+    def __post_init__(self):
+        if not 0 <= self.held_out_frac <= 0.5 or self.val_problems < 0 or self.max_new_tokens < 1:
+            raise ValueError("dpo.held_out_frac must be in [0, 0.5], dpo.val_problems >= 0, dpo.max_new_tokens >= 1")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"dpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.beta <= 0:
+            raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        for name in ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"dpo.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_every", "early_stopping_patience", "checkpoint_every", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"dpo.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.epochs <= MAX_EPOCHS:
+            raise ValueError(f"dpo.epochs must be in (0, {MAX_EPOCHS:g}], got {self.epochs}")
+        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.lora_dropout < 1:
+            raise ValueError("dpo.warmup_ratio and dpo.lora_dropout must be in [0, 1)")
+        if not 0 <= self.ches_filter_quantile < 1:
+            raise ValueError(f"dpo.ches_filter_quantile must be in [0, 1), got {self.ches_filter_quantile}")
+        if self.displacement_threshold < 0 or self.learning_rate < 0 or self.weight_decay < 0:
+            raise ValueError("dpo.displacement_threshold, dpo.learning_rate and dpo.weight_decay must be >= 0")
+        if self.mixed_precision not in _MIXED_PRECISION:
+            raise ValueError(f"dpo.mixed_precision must be one of {_MIXED_PRECISION}, got {self.mixed_precision!r}")
+
+
+@dataclass
+class DPOResult:
+    """What `train_dpo` returns.
+
+    Attributes:
+        global_step: optimizer steps done.
+        best_step: the step whose weights are exported (best held-out accuracy, then margin); None without
+            evaluation (the last weights are exported).
+        best_eval: the held-out metrics at `best_step` (``dpo/eval_*`` keys), {} without evaluation.
+        start_eval: the held-out metrics before any update (step 0), {} without evaluation.
+        stopped_early: training ended by early stopping or by the displacement monitor.
+        displacement: the likelihood-displacement monitor fired.
+        displacement_step: the evaluation step it fired at, None otherwise.
+        history: every emitted record ``{"step": int, <metric>: float}`` in order (resumed runs included).
+        adapter_path, merged_path: the exported LoRA adapter and merged checkpoint (+ tokenizer).
+        n_train_pairs: training pairs used (after the CHES filter).
+        n_ches_filtered: training pairs dropped by the CHES filter.
+        n_truncated: training pairs with a chosen or rejected answer cut at max_seq_len.
+        trainable_params: adapter parameters.
+        reference_sha256: the reference hash the caller vouched for (recorded; part of the resume fingerprint).
+    """
+
+    global_step: int
+    best_step: int | None
+    best_eval: dict[str, float]
+    start_eval: dict[str, float]
+    stopped_early: bool
+    displacement: bool
+    displacement_step: int | None
+    history: list[dict] = field(repr=False)
+    adapter_path: Path
+    merged_path: Path
+    n_train_pairs: int
+    n_ches_filtered: int
+    n_truncated: int
+    trainable_params: int
+    reference_sha256: str | None
+
+
+# ------------------------------------------------------------------------------------------------- losses
+
+
+def sigmoid_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The DPO loss (Rafailov et al. 2023, "Direct Preference Optimization", eq. 7).
+
+    ``losses = −log σ(β·[(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))])``, TRL's "sigmoid".
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: (B,) log-probs of the chosen
+            (y_w) and rejected (y_l) answers under the policy and the reference, summed over answer tokens (nats).
+        beta: β > 0.
+
+    Returns:
+        ``(losses (B,), chosen_rewards (B,), rejected_rewards (B,))``; rewards are β·(log π_θ − log π_ref), detached.
+        At π_θ = π_ref every loss is ln 2 and every reward 0.
+    """
+    import torch.nn.functional as F
+
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    losses = -F.logsigmoid(beta * (chosen_logratios - rejected_logratios))
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+def ipo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+    chosen_n_tokens: torch.Tensor,
+    rejected_n_tokens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The IPO loss (Azar et al. 2023, "A General Theoretical Paradigm to Understand Learning from Human
+    Preferences", eq. 17), with TRL's per-token normalisation of the log-ratios.
+
+    ``h = (log π_θ(y_w) − log π_ref(y_w)) / |y_w| − (log π_θ(y_l) − log π_ref(y_l)) / |y_l|``,
+    ``losses = (h − 1/(2β))²`` (β is the paper's τ). TRL divides each summed log-ratio by the answer's token count
+    (confirmed with the IPO authors, per TRL's comment); a count of 0 is treated as 1.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: (B,) summed log-probs (nats).
+        beta: τ > 0.
+        chosen_n_tokens, rejected_n_tokens: (B,) answer token counts.
+
+    Returns:
+        ``(losses (B,), chosen_rewards (B,), rejected_rewards (B,))``; rewards are β·(summed log-ratio), detached.
+        At π_θ = π_ref every loss is 1/(4β²).
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    h = chosen_logratios / chosen_n_tokens.clamp(min=1) - rejected_logratios / rejected_n_tokens.clamp(min=1)
+    losses = (h - 1 / (2 * beta)) ** 2
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+def robust_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+    label_smoothing: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Robust DPO under label noise (Chowdhury et al. 2024, "Provably Robust DPO: Aligning Language Models with Noisy
+    Feedback", eq. 8): an unbiased estimate of the clean DPO loss when each label is flipped with probability ε.
+
+    With ``z = β·[(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))]``:
+    ``losses = [−(1 − ε)·log σ(z) + ε·log σ(−z)] / (1 − 2ε)``. ε = 0 gives `sigmoid_loss`.
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: (B,) summed log-probs (nats).
+        beta: β > 0.
+        label_smoothing: ε in [0, 0.5).
+
+    Returns:
+        ``(losses (B,), chosen_rewards (B,), rejected_rewards (B,))``; rewards are β·(summed log-ratio), detached.
+
+    Raises:
+        ValueError: ε outside [0, 0.5).
+    """
+    import torch.nn.functional as F
+
+    if not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"robust DPO needs label_smoothing in [0, 0.5), got {label_smoothing}")
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    z = beta * (chosen_logratios - rejected_logratios)
+    losses = (-(1 - label_smoothing) * F.logsigmoid(z) + label_smoothing * F.logsigmoid(-z)) / (1 - 2 * label_smoothing)
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+def simpo_loss(
+    chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, beta: float, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SimPO, reference-free (Meng et al. 2024, "SimPO: Simple Preference Optimization with a Reference-Free Reward",
+    eq. 6): ``losses = −log σ(β·avg log π_θ(y_w) − β·avg log π_θ(y_l) − γ)``.
+
+    Args:
+        chosen_avg_logps, rejected_avg_logps: (B,) log-probs averaged over each answer's tokens (nats per token).
+        beta: β > 0.
+        gamma: γ, the target reward margin.
+
+    Returns:
+        ``(losses (B,), chosen_rewards (B,), rejected_rewards (B,))``; rewards are β·avg log-prob, detached.
+    """
+    import torch.nn.functional as F
+
+    chosen_rewards = beta * chosen_avg_logps
+    rejected_rewards = beta * rejected_avg_logps
+    losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)
+    return losses, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def orpo_loss(
+    chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ORPO, reference-free (Hong et al. 2024, "ORPO: Monolithic Preference Optimization without Reference Model",
+    eqs. 4–7): the chosen answer's NLL plus λ times the odds-ratio term.
+
+    ``odds(y) = P(y)/(1 − P(y))`` with ``log P(y)`` = the average log-prob per token;
+    ``losses = −avg log π_θ(y_w) − β·log σ(log odds(y_w) − log odds(y_l))`` (β is the paper's λ). The NLL is each
+    pair's per-token mean (TRL's ORPOTrainer averages the NLL over all chosen tokens of the batch instead).
+
+    Args:
+        chosen_avg_logps, rejected_avg_logps: (B,) average log-probs per answer token (nats, < 0).
+        beta: λ > 0.
+
+    Returns:
+        ``(losses (B,), chosen_rewards (B,), rejected_rewards (B,))``; rewards are β·avg log-prob, detached (TRL's).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    def log1mexp(x):  # log(1 − e^x) for x < 0, stable on both sides of −ln 2
+        return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+    log_odds = (chosen_avg_logps - rejected_avg_logps) - (log1mexp(chosen_avg_logps) - log1mexp(rejected_avg_logps))
+    losses = -chosen_avg_logps - beta * F.logsigmoid(log_odds)
+    return losses, (beta * chosen_avg_logps).detach(), (beta * rejected_avg_logps).detach()
+
+
+def preference_losses(
+    cfg: DPOConfig,
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    chosen_n_tokens: torch.Tensor,
+    rejected_n_tokens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`cfg.loss_type`'s loss on summed log-probs (B,) and answer token counts (B,); see the loss functions.
+    The reference log-probs are ignored by the reference-free SimPO and ORPO."""
+    if cfg.loss_type == "sigmoid":
+        return sigmoid_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, cfg.beta)
+    if cfg.loss_type == "ipo":
+        return ipo_loss(
+            policy_chosen_logps,
+            policy_rejected_logps,
+            ref_chosen_logps,
+            ref_rejected_logps,
+            cfg.beta,
+            chosen_n_tokens,
+            rejected_n_tokens,
+        )
+    if cfg.loss_type == "robust":
+        return robust_loss(
+            policy_chosen_logps,
+            policy_rejected_logps,
+            ref_chosen_logps,
+            ref_rejected_logps,
+            cfg.beta,
+            cfg.label_smoothing,
+        )
+    chosen_avg = policy_chosen_logps / chosen_n_tokens.clamp(min=1)
+    rejected_avg = policy_rejected_logps / rejected_n_tokens.clamp(min=1)
+    if cfg.loss_type == "simpo":
+        return simpo_loss(chosen_avg, rejected_avg, cfg.beta, cfg.simpo_gamma)
+    return orpo_loss(chosen_avg, rejected_avg, cfg.beta)
+
+
+# --------------------------------------------------------------------------------------- reference model
+
+
+def verify_reference(path: str | Path, expected_sha256: str) -> str:
+    """Check that the checkpoint at `path` is the expected reference; returns its hash.
+
+    Raises:
+        ReferenceMismatchError (a ValueError): the hash differs; the message names both hashes.
+        FileNotFoundError: `path` is not a checkpoint.
+    """
+    actual = checkpoint_hash(path)
+    if actual != expected_sha256:
+        raise ReferenceMismatchError(
+            f"refusing {path} as the DPO reference: its content hash is {actual}, but the SFT stage produced "
+            f"{expected_sha256}. The reference must be the SFT checkpoint itself (re-run the sft stage, or point "
+            "dpo at data/checkpoints/sft/merged)."
+        )
+    return actual
+
+
+def load_reference(path: str | Path, expected_sha256: str, dtype: str = "auto", device: str = "auto"):
+    """`verify_reference`, then `models.policy.load_policy`: the merged SFT model the policy starts from.
+
+    Returns:
+        ``(model, tokenizer)``.
+
+    Raises:
+        ReferenceMismatchError: see `verify_reference` (nothing is loaded then).
+    """
+    from models.policy import load_policy
+
+    verify_reference(path, expected_sha256)
+    return load_policy(path, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------------------------------- tokenisation
+
+
+def _render(role_answer: str):
+    def render(row: dict) -> list[dict[str, str]]:
+        return [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[role_answer]}]
+
+    return render
+
+
+def build_pair_examples(tokenizer, rows: Sequence[dict], max_seq_len: int) -> list[dict[str, dict]]:
+    """Tokenise preference pairs: ``{"chosen": example, "rejected": example}`` per row, each example as in
+    `models.sft.build_sft_examples` over [user = ``row["prompt"]``, assistant = ``row["chosen"|"rejected"]``]
+    (labels -100 on the prompt, so log-probs cover the assistant's tokens only).
+
+    Raises:
+        ValueError: a row misses prompt/chosen/rejected or has an empty one, or its chosen equals its rejected
+            (the message names the row); rendering errors from `build_sft_examples`.
+    """
+    for index, row in enumerate(rows):
+        name = row.get("pair_id", row.get("task_id", f"pair {index}"))
+        for key in ("prompt", "chosen", "rejected"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise ValueError(f"{name}: '{key}' must be a non-empty string")
+        if row["chosen"] == row["rejected"]:
+            raise ValueError(f"{name}: chosen and rejected are identical")
+    chosen = build_sft_examples(tokenizer, rows, render=_render("chosen"), max_seq_len=max_seq_len)
+    rejected = build_sft_examples(tokenizer, rows, render=_render("rejected"), max_seq_len=max_seq_len)
+    return [{"chosen": c, "rejected": r} for c, r in zip(chosen, rejected, strict=True)]
+
+
+def collate_pairs(pairs: Sequence[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """One batch of 2·B rows: the B chosen examples, then the B rejected ones (`models.sft.collate`)."""
+    return collate([p["chosen"] for p in pairs] + [p["rejected"] for p in pairs], pad_token_id)
+
+
+def _supports_logits_mask(model) -> bool:
+    from models.sft import _supports_logits_mask as supports
+
+    return supports(model)
+
+
+def sequence_logps(
+    model, batch: dict[str, torch.Tensor], logits_mask: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each row's answer, summed over its answer tokens (the positions whose label is not -100).
+
+    Position t predicts token t+1. When the model supports it the LM head runs on the answer positions only
+    (a boolean ``logits_to_keep``), so the (B, T, V) logits of the prompt and padding are never built. Log-softmax
+    is taken in float32.
+
+    Args:
+        model: a causal LM or a peft wrapper of one.
+        batch: ``input_ids`` (B, T), ``attention_mask`` (B, T), ``labels`` (B, T) on the model's device.
+        logits_mask: use the ``logits_to_keep`` mask; None decides from the model.
+
+    Returns:
+        ``(sum_logps (B,) float32, differentiable, nats; n_tokens (B,) long)``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    labels = batch["labels"]  # (B, T)
+    targets = labels[:, 1:]  # (B, T-1)
+    keep = targets != IGNORE_INDEX  # (B, T-1)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if logits_mask is None:
+        logits_mask = _supports_logits_mask(model)
+    if logits_mask:
+        logits = model(**inputs, use_cache=False, logits_to_keep=F.pad(keep, (0, 1), value=False)).logits  # (N, V)
+    else:
+        logits = model(**inputs, use_cache=False).logits[:, :-1][keep]  # (N, V)
+    token_logps = -F.cross_entropy(logits.float(), targets[keep], reduction="none")  # (N,)
+    rows = keep.nonzero()[:, 0]  # (N,): the row of each kept position, in row-major order like the masks
+    sums = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device).index_add(0, rows, token_logps)
+    return sums, keep.sum(dim=1)
+
+
+def _all_logps(model, pairs: Sequence[dict], batch_size: int, pad_id: int, autocast) -> tuple[torch.Tensor, ...]:
+    """``(chosen_logps, rejected_logps, chosen_n, rejected_n)`` (N,) for every pair, no gradients, eval mode."""
+    import torch
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = [], [], [], []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start : start + batch_size]
+                batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
+                with autocast() if autocast else contextlib.nullcontext():
+                    logps, n = sequence_logps(model, batch)
+                for acc, value in zip(out, (*logps.split(len(chunk)), *n.split(len(chunk))), strict=True):
+                    acc.append(value.cpu())
+    finally:
+        model.train(was_training)
+    return tuple(torch.cat(acc) for acc in out)
+
+
+def reference_logps(
+    model, pairs: Sequence[dict], batch_size: int, pad_id: int, autocast=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference log-probs ``(ref_chosen_logps (N,), ref_rejected_logps (N,))`` (float32, CPU, summed, nats) of every
+    pair: the peft model with its adapter disabled, i.e. the merged SFT weights."""
+    with model.disable_adapter():
+        chosen, rejected, _, _ = _all_logps(model, pairs, batch_size, pad_id, autocast)
+    return chosen, rejected
+
+
+def ches_scores(model, pairs: Sequence[dict], batch_size: int, pad_id: int) -> torch.Tensor:
+    """CHES scores (Razin et al. 2024, "Unintentional Unalignment", sec. 5, the centered hidden embedding
+    similarity) of each pair, under `model` as given (call it with the adapter disabled for the reference).
+
+    ``CHES = ⟨Σ_k h_w,k, Σ_k h_l,k⟩ − ‖Σ_k h_w,k‖²`` where h_·,k is the last hidden state at the position that
+    predicts answer token k (prompt and padding excluded). A high CHES means the rejected answer's hidden states point
+    along the chosen one's: DPO's push down on the rejected answer then also pushes the chosen one down.
+
+    Returns:
+        (N,) float32 on CPU.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    scores = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(pairs), batch_size):
+                chunk = pairs[start : start + batch_size]
+                batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
+                labels = batch.pop("labels")
+                hidden = model(**batch, use_cache=False, output_hidden_states=True).hidden_states[-1]  # (2B, T, H)
+                keep = (labels[:, 1:] != IGNORE_INDEX).unsqueeze(-1)  # (2B, T-1, 1)
+                summed = (hidden[:, :-1].float() * keep).sum(dim=1)  # (2B, H)
+                h_chosen, h_rejected = summed.split(len(chunk))  # (B, H) each
+                scores.append(((h_chosen * h_rejected).sum(-1) - (h_chosen * h_chosen).sum(-1)).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(scores)
+
+
+# ------------------------------------------------------------------------------------------- training loop
+
+
+def split_pairs(pairs: Sequence[dict], held_out_frac: float) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)``: a pair is held out when the sha256 of its prompt, read as a number in [0, 1), is below
+    `held_out_frac`, so all pairs of a prompt land on the same side (no prompt leaks into evaluation) and the split
+    does not depend on the order or number of pairs. Order is kept within each side."""
+    train, held_out = [], []
+    for row in pairs:
+        u = int(hashlib.sha256(row["prompt"].encode("utf-8", "surrogateescape")).hexdigest()[:15], 16) / 16**15
+        (held_out if u < held_out_frac else train).append(row)
+    return train, held_out
+
+
+def pair_metrics(
+    cfg: DPOConfig,
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    chosen_n: torch.Tensor,
+    rejected_n: torch.Tensor,
+    prefix: str = "dpo/",
+) -> dict[str, float]:
+    """Mean loss, rewards, margin, accuracy and log-probs over pairs (all (N,)), under TRL's meanings."""
+    losses, chosen_rewards, rejected_rewards = preference_losses(
+        cfg, chosen_logps, rejected_logps, ref_chosen, ref_rejected, chosen_n, rejected_n
+    )
+    return {
+        f"{prefix}loss": losses.mean().item(),
+        f"{prefix}rewards_chosen": chosen_rewards.mean().item(),
+        f"{prefix}rewards_rejected": rejected_rewards.mean().item(),
+        f"{prefix}rewards_margin": (chosen_rewards - rejected_rewards).mean().item(),
+        f"{prefix}rewards_accuracy": (chosen_rewards > rejected_rewards).float().mean().item(),
+        f"{prefix}logps_chosen": chosen_logps.detach().mean().item(),
+        f"{prefix}logps_rejected": rejected_logps.detach().mean().item(),
+    }
+
+
+def displaced(start: dict[str, float], now: dict[str, float], threshold: float) -> bool:
+    """The likelihood-displacement condition on held-out metrics (``dpo/eval_*`` dicts): the mean chosen log-prob
+    fell by more than `threshold` nats from `start` while the mean margin grew. A threshold of 0 never fires."""
+    drop = start["dpo/eval_logps_chosen"] - now["dpo/eval_logps_chosen"]
+    grew = now["dpo/eval_rewards_margin"] > start["dpo/eval_rewards_margin"]
+    return threshold > 0 and drop > threshold and grew
+
+
+class _BestEval:
+    """Early stopping on held-out (accuracy, margin), compared lexicographically, higher is better."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.best: list[float] | None = None
+        self.best_step: int | None = None
+        self.bad_evals = 0
+
+    def update(self, accuracy: float, margin: float, step: int) -> bool:
+        if self.best is None or (accuracy, margin) > tuple(self.best):
+            self.best, self.best_step, self.bad_evals = [accuracy, margin], step, 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad_evals >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step, self.bad_evals = state["best"], state["best_step"], state["bad_evals"]
+
+
+def _answer_lengths(pairs: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Answer token counts (N,) of the chosen and of the rejected examples (what `sequence_logps` counts)."""
+    import torch
+
+    return tuple(
+        torch.tensor([len(p[side]["input_ids"]) - p[side]["n_prompt_tokens"] for p in pairs])
+        for side in ("chosen", "rejected")
+    )
+
+
+def _fingerprint(cfg: DPOConfig, train: Sequence[dict], evals: Sequence[dict], reference_sha256: str | None) -> str:
+    """Hash of the config, the tokenised pairs and the reference: a checkpoint only resumes the run that wrote it."""
+    payload = json.dumps(
+        [
+            {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _STAGE_ONLY},
+            [(p["chosen"]["input_ids"], p["chosen"]["labels"], p["rejected"]["input_ids"]) for p in train],
+            [(p["chosen"]["input_ids"], p["rejected"]["input_ids"]) for p in evals],
+            reference_sha256,
+        ]
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def train_dpo(
+    model,
+    tokenizer,
+    train_pairs: Sequence[dict],
+    eval_pairs: Sequence[dict],
+    cfg: DPOConfig,
+    out_dir: Path,
+    emit: Callable[[dict, int], None] = lambda m, s: None,
+    resume: bool = True,
+    reference_sha256: str | None = None,
+) -> DPOResult:
+    """Align `model` on preference pairs with `cfg.loss_type` (see the module docstring for the loop).
+
+    Args:
+        model: the merged SFT model (``PreTrainedModel``, e.g. from `load_reference`), which is the reference; it is
+            wrapped with a fresh LoRA adapter, moved to ``cfg.device``, trained, then merged: on return `model` is
+            unusable (use the exported ``merged/``).
+        tokenizer: its tokenizer, with a chat template and a pad (or eos) token.
+        train_pairs, eval_pairs: rows ``{"prompt", "chosen", "rejected", ...}`` (user message text and two assistant
+            answers); `eval_pairs` may be empty (no evaluation, no early stopping, no displacement monitor).
+        cfg: the configuration.
+        out_dir: receives ``checkpoints/``, ``adapter/`` and ``merged/``.
+        emit: metrics callback ``emit(metrics, step)``; an exception there aborts training (the last checkpoint stays).
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False deletes them and starts over.
+        reference_sha256: the reference's `checkpoint_hash` as verified by the caller; recorded and part of the resume
+            fingerprint (a checkpoint made against another reference is not resumed).
+
+    Returns:
+        a `DPOResult`.
+
+    Raises:
+        ValueError: no training pairs, a tokenizer without pad/eos, invalid pairs (`build_pair_examples`).
+        models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, data or
+            reference.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    from models.checkpoint import (
+        CheckpointMismatchError,
+        capture_rng_state,
+        latest_checkpoint,
+        load_checkpoint,
+        load_trainable_state_dict,
+        restore_rng_state,
+        save_checkpoint,
+        set_seed,
+        trainable_state_dict,
+    )
+    from models.lora import apply_lora, count_parameters
+    from models.policy import resolve_device
+    from models.sft import _autocast_factory, _export, _optimizer
+
+    out_dir = Path(out_dir)
+    ckpt_root = out_dir / "checkpoints"
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    if not train_pairs:
+        raise ValueError("no training pairs")
+    all_train = build_pair_examples(tokenizer, train_pairs, cfg.max_seq_len)
+    evals = build_pair_examples(tokenizer, eval_pairs, cfg.max_seq_len) if eval_pairs else []
+    evaluate = bool(evals) and cfg.eval_every > 0
+    device = resolve_device(cfg.device)
+    autocast = _autocast_factory(cfg.mixed_precision, device)
+    fingerprint = _fingerprint(cfg, all_train, evals, reference_sha256)
+
+    set_seed(cfg.seed)
+    model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    model.to(device)
+    model.train()
+    logits_mask = _supports_logits_mask(model)
+
+    latest = latest_checkpoint(ckpt_root) if resume else None
+    if not resume:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+    ckpt = load_checkpoint(latest) if latest is not None else None
+    if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
+        raise CheckpointMismatchError(
+            f"{latest} was written by a run with another dpo config, other pairs or another reference; delete "
+            f"{ckpt_root} (or pass resume=False) to start over"
+        )
+    if ckpt is not None:  # the cached reference log-probs and the CHES selection travel with the checkpoint
+        ref = ckpt.tensors["reference"]
+        keep = ckpt.state["kept_pairs"]
+    else:
+        ref = {}
+        ref["train_chosen"], ref["train_rejected"] = reference_logps(model, all_train, cfg.batch_size, pad_id, autocast)
+        if evaluate:
+            ref["eval_chosen"], ref["eval_rejected"] = reference_logps(model, evals, cfg.batch_size, pad_id, autocast)
+        keep = list(range(len(all_train)))
+        if cfg.ches_filter_quantile > 0:
+            with model.disable_adapter():
+                scores = ches_scores(model, all_train, cfg.batch_size, pad_id)
+            n_drop = min(int(cfg.ches_filter_quantile * len(all_train)), len(all_train) - 1)
+            dropped = set(scores.argsort(descending=True)[:n_drop].tolist())
+            keep = [i for i in keep if i not in dropped]
+    train = [all_train[i] for i in keep]
+    train_ref_chosen, train_ref_rejected = ref["train_chosen"][keep], ref["train_rejected"][keep]
+
+    per_step = cfg.batch_size * cfg.grad_accum_steps
+    cap = math.ceil(MAX_EPOCHS * len(train) / per_step)
+    total_steps = min(cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step), cap)
+    optimizer, params = _optimizer(model, cfg)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    order = DataOrder(len(train), cfg.seed)
+    stopper = _BestEval(cfg.early_stopping_patience)
+    step, stopped_early, history, best_weights = 0, False, [], None
+    start_eval: dict[str, float] = {}
+    best_eval: dict[str, float] = {}
+    displacement_step: int | None = None
+
+    if ckpt is not None:
+        load_trainable_state_dict(model, ckpt.tensors["trainable"])
+        optimizer.load_state_dict(ckpt.objects["optimizer"])
+        scheduler.load_state_dict(ckpt.objects["scheduler"])
+        order.load_state_dict(ckpt.state["data_order"])
+        stopper.load_state_dict(ckpt.state["early_stopping"])
+        restore_rng_state(ckpt.objects["rng"], {"data": order.generator})
+        step, stopped_early, history = ckpt.step, ckpt.state["stopped_early"], ckpt.state["history"]
+        start_eval, best_eval = ckpt.state["start_eval"], ckpt.state["best_eval"]
+        displacement_step = ckpt.state["displacement_step"]
+        best_weights = ckpt.tensors.get("best")
+
+    def record(metrics: dict, at: int) -> None:
+        history.append({"step": at, **metrics})
+        emit(metrics, at)
+
+    def eval_metrics() -> dict[str, float]:
+        chosen, rejected, n_chosen, n_rejected = _all_logps(model, evals, cfg.batch_size, pad_id, autocast)
+        return pair_metrics(
+            cfg, chosen, rejected, ref["eval_chosen"], ref["eval_rejected"], n_chosen, n_rejected, "dpo/eval_"
+        )
+
+    def write_checkpoint() -> None:
+        tensors = {"trainable": trainable_state_dict(model), "reference": ref}
+        if best_weights is not None:
+            tensors["best"] = best_weights
+        save_checkpoint(
+            ckpt_root,
+            step,
+            tensors=tensors,
+            objects={
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": capture_rng_state({"data": order.generator}),
+            },
+            state={
+                "fingerprint": fingerprint,
+                "kept_pairs": keep,
+                "data_order": order.state_dict(),
+                "early_stopping": stopper.state_dict(),
+                "stopped_early": stopped_early,
+                "start_eval": start_eval,
+                "best_eval": best_eval,
+                "displacement_step": displacement_step,
+                "history": history,
+            },
+        )
+
+    if evaluate and step == 0:
+        # Before any update the policy is the reference (LoRA's B is 0): the cached log-probs are its log-probs.
+        # The untrained adapter is the first "best": an evaluation must beat doing nothing to be exported.
+        ref_eval = ref["eval_chosen"], ref["eval_rejected"]
+        start_eval = pair_metrics(cfg, *ref_eval, *ref_eval, *_answer_lengths(evals), prefix="dpo/eval_")
+        stopper.update(start_eval["dpo/eval_rewards_accuracy"], start_eval["dpo/eval_rewards_margin"], 0)
+        best_weights, best_eval = trainable_state_dict(model), start_eval
+        record({**start_eval, "dpo/eval_chosen_logp_drop": 0.0, "dpo/eval_displaced": 0.0}, 0)
+
+    bar = tqdm(total=total_steps, initial=step, desc="dpo", mininterval=5.0)
+    while step < total_steps and not stopped_early:
+        index = [order.take(cfg.batch_size) for _ in range(cfg.grad_accum_steps)]
+        stats = [], [], [], [], [], []  # chosen, rejected logps, their token counts, ref chosen, ref rejected
+        for micro in index:
+            batch = {k: v.to(device) for k, v in collate_pairs([train[i] for i in micro], pad_id).items()}
+            with autocast() if autocast else contextlib.nullcontext():
+                logps, n_tokens = sequence_logps(model, batch, logits_mask)
+            chosen, rejected = logps.split(len(micro))  # (B,) each
+            n_chosen, n_rejected = n_tokens.split(len(micro))
+            ref_chosen, ref_rejected = train_ref_chosen[micro].to(device), train_ref_rejected[micro].to(device)
+            losses, _, _ = preference_losses(cfg, chosen, rejected, ref_chosen, ref_rejected, n_chosen, n_rejected)
+            (losses.sum() / per_step).backward()  # the mean over every pair of the accumulated batch
+            for acc, value in zip(
+                stats, (chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected), strict=True
+            ):
+                acc.append(value.detach().cpu())
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected = (torch.cat(s) for s in stats)
+        metrics = pair_metrics(cfg, chosen, rejected, ref_chosen, ref_rejected, n_chosen, n_rejected)
+        record(
+            {**metrics, "dpo/learning_rate": lr, "dpo/grad_norm": float(grad_norm), "dpo/epoch": order.epochs_done},
+            step,
+        )
+        if evaluate and (step % cfg.eval_every == 0 or step == total_steps):
+            now = eval_metrics()
+            hit = displaced(start_eval, now, cfg.displacement_threshold)
+            drop = start_eval["dpo/eval_logps_chosen"] - now["dpo/eval_logps_chosen"]
+            record({**now, "dpo/eval_chosen_logp_drop": drop, "dpo/eval_displaced": float(hit)}, step)
+            if hit:
+                displacement_step, stopped_early = step, True
+                warnings.warn(
+                    f"likelihood displacement at step {step}: the held-out chosen log-prob fell by {drop:.2f} nats "
+                    f"(threshold {cfg.displacement_threshold}) while the margin grew to "
+                    f"{now['dpo/eval_rewards_margin']:.3f}; stopping (Razin et al. 2024). Consider "
+                    "dpo.ches_filter_quantile > 0, a lower learning rate or a larger beta.",
+                    LikelihoodDisplacementWarning,
+                    stacklevel=2,
+                )
+            else:
+                if stopper.update(now["dpo/eval_rewards_accuracy"], now["dpo/eval_rewards_margin"], step):
+                    best_weights, best_eval = trainable_state_dict(model), now
+                stopped_early = stopper.should_stop
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == total_steps or stopped_early):
+            write_checkpoint()
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['dpo/loss']:.4f}", margin=f"{metrics['dpo/rewards_margin']:.3f}")
+    bar.close()
+
+    if best_weights is not None and stopper.best_step != step:
+        load_trainable_state_dict(model, best_weights)
+    model.eval()
+    trainable, _ = count_parameters(model)
+    adapter_path, merged_path = _export(model, tokenizer, out_dir, lora=True)
+    return DPOResult(
+        global_step=step,
+        best_step=stopper.best_step,
+        best_eval=best_eval,
+        start_eval=start_eval,
+        stopped_early=stopped_early,
+        displacement=displacement_step is not None,
+        displacement_step=displacement_step,
+        history=history,
+        adapter_path=adapter_path,
+        merged_path=merged_path,
+        n_train_pairs=len(train),
+        n_ches_filtered=len(all_train) - len(train),
+        n_truncated=sum(p["chosen"]["truncated"] or p["rejected"]["truncated"] for p in train),
+        trainable_params=trainable,
+        reference_sha256=reference_sha256,
+    )

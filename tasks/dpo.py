@@ -1,0 +1,106 @@
+"""The ``dpo`` stage's work: check the reference, split the pairs, train (models.dpo), measure answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from models.checkpoint import CheckpointMismatchError
+from models.dpo import DPOConfig
+from tasks.tracking import mlflow_emit
+
+
+def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:
+    """The hash the reference must have: ``merged_sha256`` from the sft stage's metrics, or, when the sft stage did not
+    record one, the hash of `merged` computed now.
+
+    Returns:
+        ``(sha256, origin)`` with origin "sft_metrics" or "computed" (recorded in the dpo metrics).
+    """
+    from models.dpo import checkpoint_hash
+
+    metrics = json.loads(Path(sft_metrics).read_text()) if Path(sft_metrics).is_file() else {}
+    if metrics.get("merged_sha256"):
+        return metrics["merged_sha256"], "sft_metrics"
+    return checkpoint_hash(merged), "computed"
+
+
+@task(cache_policy=NO_CACHE)
+def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_tokens: int, verifier) -> dict:
+    """One greedy answer per problem: ``format_compliance`` and ``unsafe_rate`` (fractions of answers,
+    `models.answer_format.check_format`), ``pass@1`` (fraction whose code passes every test), ``n_problems``."""
+    from models.answer_format import check_format
+    from models.evaluation import sample_and_verify
+    from models.policy import load_policy
+    from models.sampling import SamplingConfig
+
+    if not problems:
+        return {"n_problems": 0}
+    model, tokenizer = load_policy(checkpoint, dtype=dtype)
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    results = sample_and_verify(model, tokenizer, problems, greedy, verifier)
+    reports = [check_format(r.answers[0]) for r in results]
+    return {
+        "n_problems": len(results),
+        "format_compliance": sum(r.compliant for r in reports) / len(reports),
+        "unsafe_rate": sum(bool(r.unsafe) for r in reports) / len(reports),
+        "pass@1": sum(r.c for r in results) / len(results),
+    }
+
+
+@task(cache_policy=NO_CACHE)
+def run_dpo(
+    reference: Path,
+    expected_sha256: str,
+    dtype: str,
+    train: list[dict],
+    held_out: list[dict],
+    cfg: DPOConfig,
+    out: Path,
+) -> tuple[dict, list[dict]]:
+    """Verify the reference's hash, train and export; returns ``(metrics, history)``.
+
+    A leftover resume checkpoint of another config, other pairs or another reference is discarded (a new run); a
+    checkpoint of this very run is resumed.
+
+    Raises:
+        models.dpo.ReferenceMismatchError: `reference` is not the checkpoint with `expected_sha256`.
+    """
+    from models.dpo import load_reference, train_dpo
+
+    def attempt(resume: bool):
+        model, tokenizer = load_reference(reference, expected_sha256, dtype=dtype)
+        return train_dpo(
+            model,
+            tokenizer,
+            train,
+            held_out,
+            cfg,
+            out,
+            emit=mlflow_emit,
+            resume=resume,
+            reference_sha256=expected_sha256,
+        )
+
+    try:
+        result = attempt(resume=True)
+    except CheckpointMismatchError:
+        result = attempt(resume=False)
+    metrics = {
+        "global_step": result.global_step,
+        "best_step": result.best_step,
+        "stopped_early": result.stopped_early,
+        "displacement": result.displacement,
+        "displacement_step": result.displacement_step,
+        "n_train_pairs": result.n_train_pairs,
+        "n_held_out_pairs": len(held_out),
+        "n_ches_filtered": result.n_ches_filtered,
+        "n_truncated": result.n_truncated,
+        "trainable_params": result.trainable_params,
+        "start_eval": result.start_eval,
+        "best_eval": result.best_eval,
+    }
+    return metrics, result.history
