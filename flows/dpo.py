@@ -31,14 +31,14 @@ HISTORY = Path("data/dpo/history.json")
 @flow(name="dpo")
 def run(params_path: str = "params.yaml") -> dict:
     """Verify the reference, measure SFT answers, train, measure DPO answers; write metrics and history."""
-    from models.dpo import split_pairs
+    from models.dpo import select_pairs, split_pairs
 
     params = load_params(params_path)
     cfg, dtype = params.dpo, params.base_model.dtype
     reference = SFT_OUT / "merged"
     with tracking.stage_run("dpo", params.tracking, cfg, inputs=(str(PAIRS), str(reference))):
         expected, origin = expected_reference_hash(SFT_METRICS, reference)
-        train, held_out = split_pairs(read_pairs(PAIRS), cfg.held_out_frac)
+        train, held_out = split_pairs(select_pairs(read_pairs(PAIRS), cfg.max_pairs, cfg.seed), cfg.held_out_frac)
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
         with make_verifier(params.verifier) as verifier:
             before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")
 MAX_EPOCHS = 3.0
-_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens")  # DPOConfig fields the loop does not read
+_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens", "max_pairs")  # DPOConfig fields the loop does not read
 _MIXED_PRECISION = ("auto", "bf16", "no")
 
 
@@ -106,6 +106,8 @@ class DPOConfig:
         val_problems: the dpo stage measures format compliance, unsafe-code rate and greedy pass@1 on this many val
             problems before and after DPO (0 = all); not read by `train_dpo`.
         max_new_tokens: generation budget of that measurement (tokens); not read by `train_dpo`.
+        max_pairs: the dpo stage trains on at most this many pairs (0 = all), chosen by `select_pairs`: the reference
+            log-probs of every pair are computed up front, so pairs a short run never reaches only cost time.
     """
 
     loss_type: str = "sigmoid"
@@ -136,8 +138,11 @@ class DPOConfig:
     held_out_frac: float = 0.1
     val_problems: int = 20
     max_new_tokens: int = 256
+    max_pairs: int = 0
 
     def __post_init__(self):
+        if self.max_pairs < 0:
+            raise ValueError(f"dpo.max_pairs must be >= 0 (0 = all), got {self.max_pairs}")
         if not 0 <= self.held_out_frac <= 0.5 or self.val_problems < 0 or self.max_new_tokens < 1:
             raise ValueError("dpo.held_out_frac must be in [0, 0.5], dpo.val_problems >= 0, dpo.max_new_tokens >= 1")
         if self.loss_type not in LOSS_TYPES:
@@ -581,6 +586,24 @@ def split_pairs(pairs: Sequence[dict], held_out_frac: float) -> tuple[list[dict]
         u = int(hashlib.sha256(row["prompt"].encode("utf-8", "surrogateescape")).hexdigest()[:15], 16) / 16**15
         (held_out if u < held_out_frac else train).append(row)
     return train, held_out
+
+
+def select_pairs(pairs: Sequence[dict], max_pairs: int, seed: int) -> list[dict]:
+    """At most `max_pairs` pairs (0 = all): the self-play and human pairs first, then a seeded random sample of the rest.
+
+    Self-play pairs are on-policy (the SFT model's own answers, ranked by the verifier and the format rules) and human
+    pairs are the most trusted; mined pairs rate the base model's answers, so they fill what is left. Order within the
+    result follows the input.
+    """
+    import random
+
+    if max_pairs == 0 or len(pairs) <= max_pairs:
+        return list(pairs)
+    first = [i for i, row in enumerate(pairs) if row.get("source") in ("selfplay", "human")]
+    rest = [i for i, row in enumerate(pairs) if row.get("source") not in ("selfplay", "human")]
+    random.Random(seed).shuffle(rest)
+    keep = set((first + rest)[:max_pairs])
+    return [row for i, row in enumerate(pairs) if i in keep]
 
 
 def pair_metrics(

@@ -440,3 +440,18 @@ def test_displacement_condition():
     assert not dpo.displaced(start, {"dpo/eval_logps_chosen": -10.5, "dpo/eval_rewards_margin": 0.5}, 1.0)
     assert not dpo.displaced(start, {"dpo/eval_logps_chosen": -12.0, "dpo/eval_rewards_margin": -0.1}, 1.0)
     assert not dpo.displaced(start, {"dpo/eval_logps_chosen": -99.0, "dpo/eval_rewards_margin": 9.0}, 0.0)
+
+
+def test_select_pairs_prefers_on_policy_and_human_pairs_then_samples_the_rest():
+    from models.dpo import select_pairs
+
+    pairs = [{"prompt": str(i), "source": "mined"} for i in range(10)]
+    pairs[3]["source"], pairs[7]["source"], pairs[8]["source"] = "selfplay", "human", "selfplay"
+    assert select_pairs(pairs, 0, seed=0) == pairs and select_pairs(pairs, 10, seed=0) == pairs
+    two = select_pairs(pairs, 2, seed=0)
+    assert [p["prompt"] for p in two] == ["3", "7"]  # the first two non-mined, input order kept
+    five = select_pairs(pairs, 5, seed=1)
+    assert len(five) == 5 and {"3", "7", "8"} <= {p["prompt"] for p in five}
+    assert five == sorted(five, key=lambda p: int(p["prompt"]))
+    assert select_pairs(pairs, 5, seed=1) == five  # seeded
+    assert any(select_pairs(pairs, 5, seed=s) != five for s in range(2, 8))  # the mined fill depends on the seed
