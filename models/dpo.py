@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")
 MAX_EPOCHS = 3.0
-_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens", "max_pairs")  # DPOConfig fields the loop does not read
+# DPOConfig fields the loop does not read (the stage does)
+_STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens", "max_pairs")
 _MIXED_PRECISION = ("auto", "bf16", "no")
 
 
@@ -589,7 +590,7 @@ def split_pairs(pairs: Sequence[dict], held_out_frac: float) -> tuple[list[dict]
 
 
 def select_pairs(pairs: Sequence[dict], max_pairs: int, seed: int) -> list[dict]:
-    """At most `max_pairs` pairs (0 = all): the self-play and human pairs first, then a seeded random sample of the rest.
+    """At most `max_pairs` pairs (0 = all): self-play and human pairs first, then a seeded random sample of the rest.
 
     Self-play pairs are on-policy (the SFT model's own answers, ranked by the verifier and the format rules) and human
     pairs are the most trusted; mined pairs rate the base model's answers, so they fill what is left. Order within the
