@@ -15,7 +15,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 # The stages in graph order; each is a module flows/<name>.py whose `run` is the stage's Prefect flow.
-STAGES = ("base_model", "prepare", "simulate_logs", "validate", "mine", "baseline", "sft", "gate")
+STAGES = (
+    "base_model",
+    "prepare",
+    "simulate_logs",
+    "validate",
+    "mine",
+    "baseline",
+    "sft",
+    "gate",
+    "evaluate",
+    "register",
+)
 
 
 def _stage_flow(name: str):
@@ -115,6 +126,28 @@ def serve(
     from flows.schedule import nightly_deployment
 
     prefect_serve(nightly_deployment(cron=cron, name=name))
+
+
+@app.command()
+def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params file.")) -> None:
+    """Move the registry's ``champion`` alias back to the version the current champion replaced."""
+    setup_environment()
+    from tasks.config import ConfigError, load_params
+    from tasks.registry import rollback_champion
+    from tasks.tracking import configure
+
+    try:
+        cfg = load_params(params)
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    configure(cfg.tracking)
+    try:
+        old, new = rollback_champion(cfg.register.model_name)
+    except ValueError as exc:
+        typer.secho(f"rollback refused: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{cfg.register.model_name}: champion moved from version {old} back to version {new}")
 
 
 @app.command()

@@ -18,7 +18,9 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
 from models.sft import SFTConfig
+from tasks.evaluate import EvaluateConfig
 from tasks.mine import MineConfig
+from tasks.registry import RegisterConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -179,6 +181,8 @@ class Params:
     baseline: BaselineConfig = BaselineConfig()
     sft: SFTConfig = SFTConfig()
     gate: GateConfig = GateConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 
