@@ -100,7 +100,7 @@ def promotion_decision(challenger: dict, champion: dict | None, cfg: RegisterCon
 
     def gain(key: str) -> float:  # challenger minus champion, positive = better
         sign = -1.0 if key in cfg.lower_is_better else 1.0
-        return sign * (challenger[key] - champion[key])
+        return sign * (challenger[key] - champion[key]) + 0.0  # + 0.0 turns -0.0 into 0.0 for the reasons
 
     promote, reasons = True, []
     if champion.get(primary) is None:
@@ -231,7 +231,7 @@ def register_and_decide(
         "didpo.reasons": "\n".join(decision.reasons)[:4900],
     }
     if decision.promote:
-        tags[TAG_PREVIOUS] = champion.version if champion is not None else ""
+        tags[TAG_PREVIOUS] = str(champion.version) if champion is not None else ""
     for key, value in tags.items():
         client.set_model_version_tag(cfg.model_name, version, key, value)
     client.set_registered_model_alias(cfg.model_name, CHALLENGER, version)
