@@ -104,8 +104,11 @@ def registry(tmp_path, monkeypatch):
     model, tokenizer = build_tiny_causal_lm(seed=0)
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    params = {"register": {"model_name": CFG.model_name}, "tracking": {"tracking_uri": cfg.tracking_uri}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, "tracking": {**params["tracking"], "experiment": "t"}}))
+    params = {
+        "register": {"model_name": CFG.model_name},
+        "tracking": {"tracking_uri": cfg.tracking_uri, "experiment": "t"},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path, model
 
 
@@ -125,7 +128,8 @@ def test_registry_promotion_and_rollback(registry):
             return register_and_decide.fn(root / "model", "rl", values, CFG)
 
     def aliases():
-        return {a: int(client.get_model_version_by_alias(CFG.model_name, a).version) for a in ("champion", "challenger")}
+        names = ("champion", "challenger")
+        return {a: int(client.get_model_version_by_alias(CFG.model_name, a).version) for a in names}
 
     first = register(metrics(0.30))
     assert (first.version, first.promoted, first.champion_before, first.champion_after) == (1, True, None, 1)
