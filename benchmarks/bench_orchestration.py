@@ -1,6 +1,6 @@
 """Orchestration overhead: the ``evaluate`` stage run through ``didpo stage evaluate`` vs its work called directly.
 
-    .venv/bin/python benchmarks/bench_orchestration.py [--problems 4] [--max-new-tokens 48] [--repeats 2]
+    .venv/bin/python benchmarks/bench_orchestration.py [--problems 8] [--max-new-tokens 64] [--repeats 2]
 
 Builds a scratch project (the real code, a tiny random model saved as the base and the SFT checkpoint, generated +
 HumanEval problems as the validated problem file, a small ``evaluate`` section) and times, each in a fresh process:
@@ -103,8 +103,8 @@ def timed(args: list[str], cwd: Path, env: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problems", type=int, default=4, help="problems per split")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--problems", type=int, default=8, help="problems per split")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 

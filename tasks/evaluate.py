@@ -228,7 +228,7 @@ def comparison_markdown(metrics: dict) -> str:
         if not rows:
             continue
         first = rows[0][1]
-        out += ["", f"## {split} ({first['n_problems']} problems, n = {first['n_samples']})", ""]
+        out += ["", f"## {split} (problems: {first['n_problems']}, samples per problem: {first['n_samples']})", ""]
         out.append("| checkpoint | " + " | ".join(TABLE_COLUMNS) + " |")
         out.append("|---|" + "---:|" * len(TABLE_COLUMNS))
         for name, m in rows:

@@ -55,7 +55,7 @@ METRICS = {
 
 def test_comparison_table_and_plot_rows():
     md = comparison_markdown(METRICS)
-    assert "## val (2 problems, n = 16)" in md and "## test" not in md
+    assert "## val (problems: 2, samples per problem: 16)" in md and "## test" not in md
     header = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
     assert header.split(" | ")[1:4] == ["pass@1", "pass@5", "pass@10"]
     assert "| base | 0.062 | 0.250 | – |" in md and "| sft | 0.500 | 0.750 | – |" in md
