@@ -27,6 +27,8 @@ STAGES = (
     "selfplay",
     "dpo",
     "didpo",
+    "evaluate",
+    "register",
 )
 
 
@@ -127,6 +129,28 @@ def serve(
     from flows.schedule import nightly_deployment
 
     prefect_serve(nightly_deployment(cron=cron, name=name))
+
+
+@app.command()
+def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params file.")) -> None:
+    """Move the registry's ``champion`` alias back to the version the current champion replaced."""
+    setup_environment()
+    from tasks.config import ConfigError, load_params
+    from tasks.registry import rollback_champion
+    from tasks.tracking import configure
+
+    try:
+        cfg = load_params(params)
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    configure(cfg.tracking)
+    try:
+        old, new = rollback_champion(cfg.register.model_name)
+    except ValueError as exc:
+        typer.secho(f"rollback refused: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{cfg.register.model_name}: champion moved from version {old} back to version {new}")
 
 
 @app.command()

@@ -21,7 +21,9 @@ from models.dpo import DPOConfig
 from models.rl import RLConfig
 from models.selfplay import SelfplayConfig
 from models.sft import SFTConfig
+from tasks.evaluate import EvaluateConfig
 from tasks.mine import MineConfig
+from tasks.registry import RegisterConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -185,6 +187,8 @@ class Params:
     selfplay: SelfplayConfig = SelfplayConfig()
     dpo: DPOConfig = DPOConfig()
     didpo: RLConfig = RLConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()
 
 

@@ -1,0 +1,338 @@
+"""The ``evaluate`` stage's work: every checkpoint on val, test and HumanEval — pass@k, process metrics, format and
+safety — then the comparison table, the pass@k plots (DVC JSON + PNG) and the training curves.
+
+Metric keys of one (checkpoint, split), in data/evaluate/metrics.json as ``{checkpoint: {split: {key: value}}}``:
+
+- ``pass@1``, ``pass@5``, ``pass@10``, ``pass@16``: unbiased pass@k (Chen et al. 2021 §2.1) from ``n_samples``
+  answers per problem; ``test_pass_rate``: mean fraction of tests passed (reward V2);
+- ``format_compliance``, ``unsafe_rate``, ``explanation_rate``: `models.process_metrics.format_rates` of every
+  answer;
+- ``valid_prefix_rate``: mean over answers with code of `models.process_metrics.valid_prefix_rate`;
+- ``lines_ratio``, ``complexity_ratio``: `models.process_metrics.trajectory_complexity` against the reference;
+- ``consistency``, ``recovery`` (+ ``recovery_clean_pass_rate``, ``recovery_corrupted_pass_rate``): on the first
+  ``process_problems`` problems (`models.process_metrics.decision_consistency`, `error_recovery`);
+- ``n_problems``, ``n_samples``.
+
+A value that cannot be measured (e.g. recovery when no clean continuation passes) is ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+KS = (1, 5, 10, 16)
+SPLITS = ("val", "test", "humaneval")
+TABLE_COLUMNS = (
+    "pass@1",
+    "pass@5",
+    "pass@10",
+    "pass@16",
+    "test_pass_rate",
+    "format_compliance",
+    "unsafe_rate",
+    "valid_prefix_rate",
+    "lines_ratio",
+    "complexity_ratio",
+    "consistency",
+    "recovery",
+)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The ``evaluate`` section of params.yaml (sized for a 2-core CPU by default; raise it for numbers that carry
+    weight).
+
+    Attributes:
+        val_problems, test_problems, humaneval_problems: the first problems of each split measured (0 = all).
+        n_samples: answers per problem for pass@k (≥ 16: pass@16 needs n ≥ 16).
+        temperature, top_p: sampling distribution of every answer and continuation.
+        max_new_tokens: generation budget per answer and per recovery continuation (tokens).
+        process_problems: the first problems of each split that also get decision consistency and error recovery
+            (0 = skip those two).
+        process_prefixes: reference prefixes per problem for consistency and recovery.
+        consistency_samples: next lines sampled per prefix (≥ 2).
+        recovery_samples: continuations sampled per clean and per corrupted prefix.
+        seed: sampling seed and corruption seed.
+    """
+
+    val_problems: int = 6
+    test_problems: int = 6
+    humaneval_problems: int = 6
+    n_samples: int = 16
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 192
+    process_problems: int = 3
+    process_prefixes: int = 3
+    consistency_samples: int = 8
+    recovery_samples: int = 4
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("val_problems", "test_problems", "humaneval_problems", "process_problems"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"evaluate.{name} must be >= 0, got {getattr(self, name)}")
+        if self.n_samples < max(KS):
+            raise ValueError(f"evaluate.n_samples must be >= {max(KS)} (pass@{max(KS)}), got {self.n_samples}")
+        if self.consistency_samples < 2:
+            raise ValueError(f"evaluate.consistency_samples must be >= 2, got {self.consistency_samples}")
+        for name in ("process_prefixes", "recovery_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError("evaluate.temperature must be > 0 and evaluate.top_p in (0, 1]")
+
+    def limit(self, split: str) -> int:
+        """How many problems of `split` are measured (0 = all)."""
+        return {"val": self.val_problems, "test": self.test_problems, "humaneval": self.humaneval_problems}[split]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _is_body(code: str) -> bool:
+    """The answer's code is a bare function body (its first non-blank line is indented)."""
+    first = next((line for line in code.splitlines() if line.strip()), "")
+    return first[:1] in (" ", "\t")
+
+
+def answer_metrics(problems: Sequence[dict], results) -> dict:
+    """Format, safety, valid-prefix and complexity figures of the sampled answers of `results` (one
+    `models.evaluation.ProblemResult` per problem, same order)."""
+    from models.evaluation import assemble_program
+    from models.process_metrics import format_rates, trajectory_complexity, valid_prefix_rate
+    from models.prompts import reference_code
+    from models.sampling import extract_code
+
+    answers = [a for r in results for a in r.answers]
+    rates = format_rates(answers)
+    valid, pairs = [], []
+    for problem, result in zip(problems, results, strict=True):
+        reference = assemble_program(problem, reference_code(problem))
+        for answer in result.answers:
+            code = extract_code(answer)
+            if not code.strip():
+                continue
+            valid.append(valid_prefix_rate(code, context=problem["prompt"] if _is_body(code) else ""))
+            pairs.append((assemble_program(problem, code), reference))
+    complexity = trajectory_complexity(pairs)
+    return {
+        "format_compliance": rates.compliance,
+        "unsafe_rate": rates.unsafe_rate,
+        "explanation_rate": rates.explanation_rate,
+        "valid_prefix_rate": _mean(valid),
+        "lines_ratio": complexity.lines_ratio,
+        "complexity_ratio": complexity.complexity_ratio,
+    }
+
+
+def sandbox_checker(verifier):
+    """A `models.process_metrics.CheckFn` over the sandbox: ``(problem, code)`` passes when
+    `models.evaluation.assemble_program` of it passes every test."""
+    from models.evaluation import assemble_program
+
+    def check(jobs):
+        verdicts = verifier.check_many([(assemble_program(p, code), p["test"], p["entry_point"]) for p, code in jobs])
+        return [v.passed for v in verdicts]
+
+    return check
+
+
+def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier) -> tuple[dict, list]:
+    """Every metric of one split (see the module docstring); returns ``(metrics, results)`` with the per-problem
+    `models.evaluation.ProblemResult` list."""
+    from models.evaluation import sample_and_verify, summarise
+    from models.process_metrics import decision_consistency, error_recovery, make_continuer
+    from models.sampling import SamplingConfig
+
+    sampling = SamplingConfig(
+        n=cfg.n_samples,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+    )
+    metrics: dict = {"n_problems": len(problems), "n_samples": cfg.n_samples}
+    if not problems:
+        return metrics, []
+    results = sample_and_verify(model, tokenizer, problems, sampling, verifier)
+    metrics.update(summarise(results, KS))
+    metrics.update(answer_metrics(problems, results))
+    subset = list(problems[: cfg.process_problems])
+    if subset:
+        continuer = make_continuer(model, tokenizer, sampling)
+        consistency = decision_consistency(subset, continuer, cfg.process_prefixes, cfg.consistency_samples)
+        recovery = error_recovery(
+            subset, continuer, sandbox_checker(verifier), cfg.process_prefixes, cfg.recovery_samples, cfg.seed
+        )
+        metrics.update(
+            {
+                "consistency": consistency.mean,
+                "recovery": recovery.recovery,
+                "recovery_clean_pass_rate": recovery.clean_pass_rate,
+                "recovery_corrupted_pass_rate": recovery.corrupted_pass_rate,
+                "process_problems": len(subset),
+                "recovery_prefixes": recovery.n_prefixes,
+            }
+        )
+    return metrics, results
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate_checkpoint(
+    path: Path, dtype: str, problems: dict[str, list[dict]], cfg: EvaluateConfig, verifier, samples_dir: Path
+) -> dict:
+    """Load one checkpoint and measure it on every split; writes per-problem answers and verdicts to
+    ``samples_dir/<split>.jsonl``. Returns ``{split: metrics}`` (plus ``seconds`` of wall-clock time)."""
+    from models.policy import load_policy
+    from tasks.measure import write_results
+
+    started = time.perf_counter()
+    model, tokenizer = load_policy(path, dtype=dtype)
+    out: dict = {}
+    for split, rows in problems.items():
+        out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier)
+        write_results(results, samples_dir / f"{split}.jsonl")
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- reports
+
+
+def _fmt(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def comparison_markdown(metrics: dict) -> str:
+    """The comparison table: one Markdown table per split, one row per checkpoint, `TABLE_COLUMNS` columns."""
+    out = ["# Evaluation: checkpoints side by side", ""]
+    out.append(
+        "pass@k: unbiased estimator (Chen et al. 2021) from n samples per problem; format/unsafe: share of answers; "
+        "valid prefixes: share of the answers' line prefixes that are valid-so-far Python; lines/complexity: ratio "
+        "to the reference (sloc, cyclomatic complexity via radon); consistency: agreement of sampled next lines at "
+        "reference prefixes; recovery: pass rate from corrupted prefixes / from clean ones. – = not measurable."
+    )
+    for split in SPLITS:
+        rows = [(name, m[split]) for name, m in metrics.items() if split in m and m[split].get("n_problems")]
+        if not rows:
+            continue
+        first = rows[0][1]
+        out += ["", f"## {split} (problems: {first['n_problems']}, samples per problem: {first['n_samples']})", ""]
+        out.append("| checkpoint | " + " | ".join(TABLE_COLUMNS) + " |")
+        out.append("|---|" + "---:|" * len(TABLE_COLUMNS))
+        for name, m in rows:
+            out.append(f"| {name} | " + " | ".join(_fmt(m.get(c)) for c in TABLE_COLUMNS) + " |")
+    return "\n".join(out) + "\n"
+
+
+def comparison_table(metrics: dict) -> dict[str, list]:
+    """The comparison as columns (``checkpoint``, ``split``, then `TABLE_COLUMNS`), for ``mlflow.log_table``."""
+    table: dict[str, list] = {"checkpoint": [], "split": [], **{c: [] for c in TABLE_COLUMNS}}
+    for name, per_split in metrics.items():
+        for split in SPLITS:
+            m = per_split.get(split)
+            if not m or not m.get("n_problems"):
+                continue
+            table["checkpoint"].append(name)
+            table["split"].append(split)
+            for c in TABLE_COLUMNS:
+                table[c].append(m.get(c))
+    return table
+
+
+def passk_rows(metrics: dict, split: str, checkpoints: Sequence[str]) -> list[dict]:
+    """DVC plot rows of one split: ``[{"k": k, <checkpoint>: pass@k or None, ...}]`` for every k of `KS`; every
+    checkpoint of `checkpoints` is a key (None when absent), since DVC refuses a declared y field that is missing."""
+    return [
+        {"k": k, **{name: metrics.get(name, {}).get(split, {}).get(f"pass@{k}") for name in checkpoints}} for k in KS
+    ]
+
+
+def plot_passk(metrics: dict, path: Path) -> None:
+    """PNG: pass@k against k, one panel per split, one line per checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SPLITS), figsize=(4.2 * len(SPLITS), 3.6), sharey=True)
+    for ax, split in zip(axes, SPLITS, strict=True):
+        for name, per_split in metrics.items():
+            m = per_split.get(split, {})
+            ks = [k for k in KS if m.get(f"pass@{k}") is not None]
+            if ks:
+                ax.plot(ks, [m[f"pass@{k}"] for k in ks], marker="o", label=name)
+        ax.set(title=split, xlabel="k", xscale="log", xticks=list(KS), xticklabels=[str(k) for k in KS])
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("pass@k")
+    axes[0].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_history(history: Sequence[dict], title: str, path: Path) -> list[str]:
+    """PNG: every metric of a training history (``[{"step": s, <key>: value, ...}]``, as the training stages write
+    it) against the step, one panel per key; returns the keys plotted ([] and no file when there are none)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, tuple[list, list]] = {}
+    for record in history:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                xs, ys = series.setdefault(key, ([], []))
+                xs.append(record["step"])
+                ys.append(value)
+    if not series:
+        return []
+    cols = min(4, len(series))
+    rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False)
+    for ax, (key, (xs, ys)) in zip(axes.flat, sorted(series.items()), strict=False):
+        ax.plot(xs, ys, marker="." if len(xs) < 30 else None)
+        ax.set(title=key, xlabel="step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return sorted(series)
+
+
+def read_history(path: Path) -> list[dict]:
+    """A training stage's history file: ``{"history": [...]}`` (as flows/sft.py writes it) or a bare list."""
+    data = json.loads(Path(path).read_text())
+    return data["history"] if isinstance(data, dict) else data
+
+
+def flat_metrics(metrics: dict, prefix: str = "eval") -> dict[str, float]:
+    """``{"eval/<checkpoint>/<split>/<key>": value}`` for every numeric value (None dropped), for MLflow."""
+    flat = {}
+    for name, per_split in metrics.items():
+        for split, m in per_split.items():
+            if isinstance(m, dict):
+                for key, value in m.items():
+                    if isinstance(value, int | float) and not isinstance(value, bool):
+                        flat[f"{prefix}/{name}/{split}/{key}"] = float(value)
+            elif isinstance(m, int | float):
+                flat[f"{prefix}/{name}/{split}"] = float(m)
+    return flat

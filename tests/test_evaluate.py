@@ -1,0 +1,113 @@
+"""The evaluate stage's pieces: answer metrics on hand-made answers, the comparison table, plot data, and one split
+measured end to end on a tiny model in the real sandbox."""
+
+import pytest
+
+from models.evaluation import ProblemResult
+from tasks.config import ConfigError, parse_params
+from tasks.evaluate import (
+    KS,
+    EvaluateConfig,
+    answer_metrics,
+    comparison_markdown,
+    comparison_table,
+    evaluate_split,
+    flat_metrics,
+    passk_rows,
+    plot_history,
+    plot_passk,
+)
+from tests.test_process_metrics import PROBLEM, REFERENCE
+
+
+def result(answers, c=0):
+    n = len(answers)
+    return ProblemResult(PROBLEM["task_id"], "val", n, c, (0.0,) * n, ("assertion",) * n, tuple(answers))
+
+
+def test_config_validation_names_the_key():
+    assert EvaluateConfig().limit("humaneval") == 6
+    with pytest.raises(ConfigError, match="evaluate.n_samples must be >= 16"):
+        parse_params({"evaluate": {"n_samples": 8}})
+    with pytest.raises(ConfigError, match="consistency_samples"):
+        parse_params({"evaluate": {"consistency_samples": 1}})
+
+
+def test_answer_metrics_by_hand():
+    full = f"The function `count_big` below counts values; each step is commented.\n\n```python\n{REFERENCE}```"
+    body = "```python\n    return 0\n```"  # a bare body without explanation: judged after the prompt
+    empty = "I cannot help with that."  # no code: counts for format, not for prefixes or complexity
+    m = answer_metrics([PROBLEM], [result([full, body, empty])])
+    assert m["format_compliance"] == pytest.approx(1 / 3)
+    assert m["explanation_rate"] == pytest.approx(2 / 3)  # the refusal is one sentence of prose
+    assert m["unsafe_rate"] == 0.0
+    assert m["valid_prefix_rate"] == 1.0
+    # reference: 6 code lines, complexity 3; the body-only program is `def` + `return 0`: 2 lines, complexity 1
+    assert m["lines_ratio"] == pytest.approx((6 / 6 + 2 / 6) / 2)
+    assert m["complexity_ratio"] == pytest.approx((3 / 3 + 1 / 3) / 2)
+
+
+METRICS = {
+    "base": {"val": {"n_problems": 2, "n_samples": 16, "pass@1": 0.0625, "pass@5": 0.25, "recovery": None}},
+    "sft": {"val": {"n_problems": 2, "n_samples": 16, "pass@1": 0.5, "pass@5": 0.75}, "seconds": 12.0},
+}
+
+
+def test_comparison_table_and_plot_rows():
+    md = comparison_markdown(METRICS)
+    assert "## val (problems: 2, samples per problem: 16)" in md and "## test" not in md
+    header = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
+    assert header.split(" | ")[1:4] == ["pass@1", "pass@5", "pass@10"]
+    assert "| base | 0.062 | 0.250 | – |" in md and "| sft | 0.500 | 0.750 | – |" in md
+    table = comparison_table(METRICS)
+    assert table["checkpoint"] == ["base", "sft"] and table["pass@5"] == [0.25, 0.75]
+    assert table["recovery"] == [None, None]
+    rows = passk_rows(METRICS, "val", ["base", "sft", "dpo", "rl"])
+    assert [r["k"] for r in rows] == list(KS)
+    assert rows[1] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "rl": None}
+    assert flat_metrics(METRICS) == {
+        "eval/base/val/n_problems": 2.0,
+        "eval/base/val/n_samples": 16.0,
+        "eval/base/val/pass@1": 0.0625,
+        "eval/base/val/pass@5": 0.25,
+        "eval/sft/val/n_problems": 2.0,
+        "eval/sft/val/n_samples": 16.0,
+        "eval/sft/val/pass@1": 0.5,
+        "eval/sft/val/pass@5": 0.75,
+        "eval/sft/seconds": 12.0,
+    }
+
+
+def test_plots_are_written(tmp_path):
+    plot_passk(METRICS, tmp_path / "passk.png")
+    assert (tmp_path / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = [
+        {"step": 1, "sft/loss": 2.0, "sft/learning_rate": 1e-4},
+        {"step": 2, "sft/loss": 1.5, "sft/eval_loss": 1.7},
+    ]
+    assert plot_history(history, "sft", tmp_path / "sft.png") == ["sft/eval_loss", "sft/learning_rate", "sft/loss"]
+    assert (tmp_path / "sft.png").stat().st_size > 0
+    assert plot_history([{"step": 1}], "none", tmp_path / "none.png") == [] and not (tmp_path / "none.png").exists()
+
+
+def test_evaluate_split_on_a_tiny_model_in_the_sandbox():
+    from models.policy import build_tiny_causal_lm
+    from models.verifier import Verifier, VerifierConfig
+
+    model, tokenizer = build_tiny_causal_lm(seed=0)
+    small = {"process_problems": 1, "process_prefixes": 2, "consistency_samples": 3, "recovery_samples": 2}
+    cfg = EvaluateConfig(n_samples=16, max_new_tokens=12, **small)
+    with Verifier(VerifierConfig(workers=1, timeout_s=5.0, cpu_s=2)) as verifier:
+        metrics, results = evaluate_split(model, tokenizer, [PROBLEM], cfg, verifier)
+    (r,) = results
+    assert r.n == 16 and len(r.answers) == 16
+    assert metrics["n_problems"] == 1 and metrics["n_samples"] == 16
+    for k in KS:  # one problem: pass@k is the unbiased estimate from its own n and c
+        assert metrics[f"pass@{k}"] == pytest.approx(r.pass_at(k))
+    assert 0.0 <= metrics["format_compliance"] <= 1.0 and 0.0 <= metrics["unsafe_rate"] <= 1.0
+    assert metrics["process_problems"] == 1
+    assert 1 / 3 <= metrics["consistency"] <= 1.0  # 3 next lines per prefix: agreement is 1/3, 2/3 or 1
+    # prefixes at j = 1 (only a comment in it: no corruption, skipped) and j = 6 (corruptions that break the tests)
+    assert metrics["recovery_prefixes"] == 1
+    clean = metrics["recovery_clean_pass_rate"]
+    assert (metrics["recovery"] is None) == (clean == 0.0)
