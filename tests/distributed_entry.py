@@ -71,8 +71,8 @@ class TextVerifier:
 
 
 def run(model_dir: Path, out_dir: Path, batch: int) -> None:
-    """DPO (3 steps; a step = 2 micro-batches of `batch` pairs per process), then grpo and didpo (2 steps of 8
-    rollouts, 2 PPO epochs in minibatches of `batch` rollouts per process), each from the saved model."""
+    """DPO and SFT (3 steps; a step = 2 micro-batches of `batch` examples per process), then grpo and didpo (2 steps
+    of 8 rollouts, 2 PPO epochs in minibatches of `batch` rollouts per process), each from the saved model."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,6 +80,7 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
     import models.sampling
     from models.distributed import data_parallel
     from models.dpo import DPOConfig, train_dpo
+    from models.sft import SFTConfig, train_sft
 
     torch.set_num_threads(1)
     out_dir = Path(out_dir)
@@ -113,6 +114,24 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
     save("dpo", load_file(result.adapter_path / "adapter_model.safetensors"))
 
     problems = [problem(i) for i in range(6)]
+    cfg = SFTConfig(
+        batch_size=batch,
+        grad_accum_steps=2,
+        max_steps=3,
+        warmup_ratio=0.0,
+        eval_every=0,
+        checkpoint_every=0,
+        learning_rate=5e-3,
+        lora_r=4,
+        lora_alpha=8.0,
+        lora_dropout=0.0,
+        max_seq_len=256,
+        device="cpu",
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    result = train_sft(model, tokenizer, problems, [], cfg, out_dir / "sft", resume=False)
+    save("sft", load_file(result.adapter_path / "adapter_model.safetensors"))
+
     # A random tiny model writes no fenced code, so every program of a group would be the bare prompt (equal rewards,
     # no gradient): the code is the whole completion here, so programs differ.
     extract_code, models.sampling.extract_code = models.sampling.extract_code, lambda text: text

@@ -1,5 +1,5 @@
-"""Scale-out check (issue 8): DPO, GRPO and DiDPO steps under ``accelerate launch`` with 2 CPU processes end with the
-parameters of one process with the same global batch.
+"""Scale-out check (issue 8): DPO, SFT, GRPO and DiDPO steps under ``accelerate launch`` with 2 CPU processes end
+with the parameters of one process with the same global batch.
 
 Slow (two processes on CPU): run with ``pytest -m slow tests/test_distributed.py``.
 
@@ -29,7 +29,7 @@ import torch
 from models.policy import build_tiny_causal_lm
 
 ENTRY = Path(__file__).with_name("distributed_entry.py")
-RUNS = ("dpo", "grpo", "didpo")
+RUNS = ("dpo", "sft", "grpo", "didpo")
 GLOBAL_BATCH = 4  # DPO pairs per micro-batch, RL rollouts per minibatch; 2 per process under the launcher
 
 
