@@ -81,7 +81,8 @@ class DPOConfig:
         lora_r, lora_alpha, lora_dropout, lora_target_modules: the fresh adapter (see `models.sft.SFTConfig`).
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay on matrices.
-        batch_size: pairs per micro-batch (one forward of 2·batch_size sequences).
+        batch_size: pairs per micro-batch per process (one forward of 2·batch_size sequences); with N processes
+            (``accelerate launch``, `models.distributed`) the global micro-batch is N × batch_size.
         grad_accum_steps: micro-batches per optimizer step.
         max_steps: optimizer steps; 0 means ``ceil(epochs × n_pairs / (batch_size × grad_accum_steps))``. Either way
             capped at `MAX_EPOCHS` passes over the training pairs.

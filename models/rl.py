@@ -100,7 +100,9 @@ class RLConfig:
         learning_rate: AdamW learning rate of the policy's trainable weights (LoRA adapters by default).
         value_learning_rate: AdamW learning rate of the value head (didpo).
         ppo_epochs: passes over the step's rollouts.
-        minibatch_size: rollouts per minibatch (one optimizer step each).
+        minibatch_size: rollouts per minibatch (one optimizer step each), per process: with N processes
+            (``accelerate launch``, `models.distributed`) a minibatch is N × minibatch_size rollouts, split between
+            them; prompts_per_step and group_size stay global (every process samples the whole step).
         eps_low: PPO clip range below 1: the ratio is clipped at 1 − eps_low.
         eps_high: PPO clip range above 1 (clip-higher, DAPO §3.1); grpo ignores it and uses eps_low.
         vf_coef: weight c_vf of the value loss in the total loss (didpo).

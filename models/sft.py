@@ -64,9 +64,10 @@ class SFTConfig:
             or a comma-separated list of module names.
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay, applied to matrices only (not to biases or norm gains).
-        batch_size: examples per micro-batch.
+        batch_size: examples per micro-batch, per process (under ``accelerate launch`` with N processes the global
+            batch is N × batch_size; see `models.distributed`).
         grad_accum_steps: micro-batches per optimizer step (examples per step = batch_size ×
-            grad_accum_steps).
+            grad_accum_steps × processes).
         max_steps: optimizer steps; 0 means ``ceil(epochs × n_train / (batch_size × grad_accum_steps))``.
         epochs: passes over the training set when `max_steps` is 0 (may be fractional).
         warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
