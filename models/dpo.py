@@ -82,7 +82,8 @@ class DPOConfig:
         lora_r, lora_alpha, lora_dropout, lora_target_modules: the fresh adapter (see `models.sft.SFTConfig`).
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay on matrices.
-        batch_size: pairs per micro-batch (one forward of 2·batch_size sequences).
+        batch_size: pairs per micro-batch per process (one forward of 2·batch_size sequences); with N processes
+            (``accelerate launch``, `models.distributed`) the global micro-batch is N × batch_size.
         grad_accum_steps: micro-batches per optimizer step.
         max_steps: optimizer steps; 0 means ``ceil(epochs × n_pairs / (batch_size × grad_accum_steps))``. Either way
             capped at `MAX_EPOCHS` passes over the training pairs.
@@ -740,6 +741,7 @@ def train_dpo(
         set_seed,
         trainable_state_dict,
     )
+    from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.sft import _autocast_factory, _export, _optimizer
@@ -754,7 +756,8 @@ def train_dpo(
     all_train = build_pair_examples(tokenizer, train_pairs, cfg.max_seq_len)
     evals = build_pair_examples(tokenizer, eval_pairs, cfg.max_seq_len) if eval_pairs else []
     evaluate = bool(evals) and cfg.eval_every > 0
-    device = resolve_device(cfg.device)
+    dp = data_parallel(resolve_device(cfg.device))
+    device = dp.device
     autocast = _autocast_factory(cfg.mixed_precision, device)
     fingerprint = _fingerprint(cfg, all_train, evals, reference_sha256)
 
@@ -765,8 +768,9 @@ def train_dpo(
     logits_mask = _supports_logits_mask(model)
 
     latest = latest_checkpoint(ckpt_root) if resume else None
-    if not resume:
+    if not resume and dp.is_main:
         shutil.rmtree(ckpt_root, ignore_errors=True)
+    dp.barrier()
     ckpt = load_checkpoint(latest) if latest is not None else None
     if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
         raise CheckpointMismatchError(
@@ -791,10 +795,11 @@ def train_dpo(
     train = [all_train[i] for i in keep]
     train_ref_chosen, train_ref_rejected = ref["train_chosen"][keep], ref["train_rejected"][keep]
 
-    per_step = cfg.batch_size * cfg.grad_accum_steps
+    per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     cap = math.ceil(MAX_EPOCHS * len(train) / per_step)
     total_steps = min(cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step), cap)
     optimizer, params = _optimizer(model, cfg)
+    dp.broadcast_parameters(params)
     scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
     order = DataOrder(len(train), cfg.seed)
     stopper = _BestEval(cfg.early_stopping_patience)
@@ -817,7 +822,8 @@ def train_dpo(
 
     def record(metrics: dict, at: int) -> None:
         history.append({"step": at, **metrics})
-        emit(metrics, at)
+        if dp.is_main:
+            emit(metrics, at)
 
     def eval_metrics() -> dict[str, float]:
         chosen, rejected, n_chosen, n_rejected = _all_logps(model, evals, cfg.batch_size, pad_id, autocast)
@@ -826,6 +832,8 @@ def train_dpo(
         )
 
     def write_checkpoint() -> None:
+        if not dp.is_main:
+            return
         tensors = {"trainable": trainable_state_dict(model), "reference": ref}
         if best_weights is not None:
             tensors["best"] = best_weights
@@ -860,9 +868,10 @@ def train_dpo(
         best_weights, best_eval = trainable_state_dict(model), start_eval
         record({**start_eval, "dpo/eval_chosen_logp_drop": 0.0, "dpo/eval_displaced": 0.0}, 0)
 
-    bar = tqdm(total=total_steps, initial=step, desc="dpo", mininterval=5.0)
+    bar = tqdm(total=total_steps, initial=step, desc="dpo", mininterval=5.0, disable=not dp.is_main)
     while step < total_steps and not stopped_early:
-        index = [order.take(cfg.batch_size) for _ in range(cfg.grad_accum_steps)]
+        # Every rank draws the same global micro-batches from the same order and keeps its slice of each.
+        index = [list(dp.shard(order.take(cfg.batch_size * dp.world_size))) for _ in range(cfg.grad_accum_steps)]
         stats = [], [], [], [], [], []  # chosen, rejected logps, their token counts, ref chosen, ref rejected
         for micro in index:
             batch = {k: v.to(device) for k, v in collate_pairs([train[i] for i in micro], pad_id).items()}
@@ -877,13 +886,17 @@ def train_dpo(
                 stats, (chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected), strict=True
             ):
                 acc.append(value.detach().cpu())
+        dp.all_reduce_gradients(params)  # Σ over ranks of Σ_local/per_step = the single-process gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected = (torch.cat(s) for s in stats)
+        chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected = (
+            torch.cat(dp.gather([torch.cat(s)]))
+            for s in stats  # the global batch's pairs (rank order)
+        )
         metrics = pair_metrics(cfg, chosen, rejected, ref_chosen, ref_rejected, n_chosen, n_rejected)
         record(
             {**metrics, "dpo/learning_rate": lr, "dpo/grad_norm": float(grad_norm), "dpo/epoch": order.epochs_done},
@@ -918,7 +931,10 @@ def train_dpo(
         load_trainable_state_dict(model, best_weights)
     model.eval()
     trainable, _ = count_parameters(model)
-    adapter_path, merged_path = _export(model, tokenizer, out_dir, lora=True)
+    adapter_path, merged_path = out_dir / "adapter", out_dir / "merged"
+    if dp.is_main:
+        adapter_path, merged_path = _export(model, tokenizer, out_dir, lora=True)
+    dp.barrier()  # every rank returns once the exports exist
     return DPOResult(
         global_step=step,
         best_step=stopper.best_step,

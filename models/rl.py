@@ -100,7 +100,9 @@ class RLConfig:
         learning_rate: AdamW learning rate of the policy's trainable weights (LoRA adapters by default).
         value_learning_rate: AdamW learning rate of the value head (didpo).
         ppo_epochs: passes over the step's rollouts.
-        minibatch_size: rollouts per minibatch (one optimizer step each).
+        minibatch_size: rollouts per minibatch (one optimizer step each), per process: with N processes
+            (``accelerate launch``, `models.distributed`) a minibatch is N × minibatch_size rollouts, split between
+            them; prompts_per_step and group_size stay global (every process samples the whole step).
         eps_low: PPO clip range below 1: the ratio is clipped at 1 − eps_low.
         eps_high: PPO clip range above 1 (clip-higher, DAPO §3.1); grpo ignores it and uses eps_low.
         vf_coef: weight c_vf of the value loss in the total loss (didpo).
@@ -567,6 +569,7 @@ def ppo_losses(
     minibatch: dict[str, torch.Tensor],
     cfg: RLConfig,
     policy: bool = True,
+    scale: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The total loss of one minibatch, L = L_PG + c_vf·L_VF − c_ent·H [+ β·KL] (DIDPO.md, "Loss").
 
@@ -582,6 +585,11 @@ def ppo_losses(
             ``returns`` (B, T), and with grpo/dapo's KL ``ref_per_token_logps`` (B, T).
         cfg: coefficients, clip ranges and the algorithm.
         policy: False = critic warm-up: the value loss alone.
+        scale: data parallelism: ``(token_weight, sequence_weight)`` = this process's share of the global
+            minibatch's valid tokens and of its sequences. Each term (and its stat) is multiplied by the weight of
+            its aggregation (token means by the first; grpo's per-sequence means by the second), so that the sum
+            over processes of the scaled losses (and stats) is the loss (and stats) of the whole minibatch. None
+            (one process) = (1, 1).
 
     Returns:
         ``(loss, stats)``: stats ``pg_loss``, ``entropy``, ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``,
@@ -591,6 +599,8 @@ def ppo_losses(
 
     mask = minibatch["completion_mask"]
     loss_type = "grpo" if cfg.algo == "grpo" else "dapo"
+    token_w, sequence_w = scale if scale is not None else (1.0, 1.0)
+    agg_w = sequence_w if loss_type == "grpo" else token_w  # the policy loss's (and grpo/dapo KL's) aggregation
     stats: dict[str, float] = {}
     loss = per_token_logps.new_zeros(())
     if policy:
@@ -603,10 +613,15 @@ def ppo_losses(
             cfg.clip_high,
             loss_type,
         )
+        if scale is not None:
+            pg_loss = agg_w * pg_loss
+            pg_stats = {k: token_w * v for k, v in pg_stats.items()}  # token means whatever the loss type
         loss = loss + pg_loss
         stats["pg_loss"] = pg_loss.item()
         stats.update(pg_stats)
         entropy = entropy_from_logits(logits, mask)
+        if scale is not None:
+            entropy = token_w * entropy
         stats["entropy"] = entropy.item()
         if cfg.ent_coef:
             loss = loss - cfg.ent_coef * entropy
@@ -616,11 +631,15 @@ def ppo_losses(
                 kl = (per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
             else:
                 kl = masked_mean(per_token_kl, mask)
+            if scale is not None:
+                kl = agg_w * kl
             loss = loss + cfg.kl_coef * kl
             stats["kl_ref"] = kl.item()
     if values is not None:
         clip = cfg.vf_clip or None
         vf_loss, vf_stats = value_loss(values, minibatch["old_values"], minibatch["returns"], mask, clip)
+        if scale is not None:
+            vf_loss, vf_stats = token_w * vf_loss, {"vf_clip_frac": token_w * vf_stats["vf_clip_frac"]}
         loss = loss + cfg.vf_coef * vf_loss
         stats["vf_loss"] = vf_loss.item()
         stats["vf_clip_frac"] = vf_stats["vf_clip_frac"]
@@ -637,9 +656,17 @@ def ppo_update(
     generator: torch.Generator,
     autocast=None,
     policy: bool = True,
+    dp=None,
 ) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rollouts, one
     optimizer step each; stops as soon as a minibatch's approx_kl exceeds ``cfg.target_kl`` (> 0).
+
+    Data parallel (`dp` with world_size N > 1): every process holds the whole `batch` and the same generator, so
+    all draw the same order; a global minibatch is N × ``cfg.minibatch_size`` rollouts (minibatch_size is per
+    process), each process runs forward/backward on its slice with `ppo_losses`'s ``scale`` (its share of the
+    minibatch's tokens and sequences), and the gradients and stats are summed over the processes before clipping
+    and the optimizer step: the gradient, the update and the target-KL decision are the single-process ones over
+    the global minibatch.
 
     Args:
         model: the policy (train mode is set for the call and restored).
@@ -650,6 +677,7 @@ def ppo_update(
         generator: a CPU ``torch.Generator`` for the minibatch order (checkpointed by the loop).
         autocast: a bf16 autocast factory or None.
         policy: False = critic warm-up (value loss only, the backbone without gradients).
+        dp: a `models.distributed.DataParallel`, or None (one process).
 
     Returns:
         the minibatch-mean of every `ppo_losses` stat, plus ``updates`` (optimizer steps done) and
@@ -658,6 +686,8 @@ def ppo_update(
     import torch
 
     n = batch["input_ids"].shape[0]
+    world = dp.world_size if dp is not None else 1
+    global_size = cfg.minibatch_size * world
     sums: dict[str, float] = {}
     updates, stop = 0, False
     was_training = model.training
@@ -665,13 +695,17 @@ def ppo_update(
     try:
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(n, generator=generator)
-            for start in range(0, n, cfg.minibatch_size):
-                index = order[start : start + cfg.minibatch_size].to(batch["input_ids"].device)
-                minibatch = {k: v[index] for k, v in batch.items()}
-                logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
-                loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
+            for start in range(0, n, global_size):
+                index = order[start : start + global_size].to(batch["input_ids"].device)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if world == 1:
+                    minibatch = {k: v[index] for k, v in batch.items()}
+                    logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
+                    loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
+                    loss.backward()
+                else:
+                    stats = _data_parallel_backward(model, value_head, batch, index, cfg, autocast, policy, dp)
+                    dp.all_reduce_gradients(params)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
                 optimizer.step()
                 updates += 1
@@ -686,6 +720,27 @@ def ppo_update(
         optimizer.zero_grad(set_to_none=True)
         model.train(was_training)
     return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates)}
+
+
+def _data_parallel_backward(model, value_head, batch, index, cfg: RLConfig, autocast, policy: bool, dp):
+    """Backward of this process's slice of the global minibatch `index` (rows of `batch`), scaled by its share of the
+    minibatch's tokens and sequences; returns the minibatch's stats summed over the processes (= the global ones).
+    A process whose slice is empty only takes part in the sums (its gradients count as zeros)."""
+    mine = dp.shard(index)
+    stats: dict[str, float] = {}
+    if len(mine):
+        minibatch = {k: v[mine] for k, v in batch.items()}
+        share_tokens = float(minibatch["completion_mask"].sum() / batch["completion_mask"][index].sum().clamp(min=1.0))
+        scale = (share_tokens, len(mine) / len(index))
+        logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
+        loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, scale)
+        loss.backward()
+    keys = ["pg_loss", "entropy", "approx_kl", "clip_frac/low", "clip_frac/high", "ratio_mean"] if policy else []
+    if policy and cfg.kl_coef and not cfg.uses_critic:
+        keys.append("kl_ref")
+    if value_head is not None:
+        keys += ["vf_loss", "vf_clip_frac"]
+    return dp.sum_dict({k: stats.get(k, 0.0) for k in keys})
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -796,6 +851,7 @@ def train_rl(
         set_seed,
         trainable_state_dict,
     )
+    from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.sft import DataOrder, _autocast_factory, _export
@@ -809,7 +865,10 @@ def train_rl(
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"
-    device = resolve_device(cfg.device)
+    dp = data_parallel(resolve_device(cfg.device))
+    device = dp.device
+    if dp.world_size > 1:
+        verifier = _ShardedVerifier(verifier, dp)
     autocast = _autocast_factory(cfg.mixed_precision, device)
 
     set_seed(cfg.seed)
@@ -829,6 +888,7 @@ def train_rl(
         value_head = ValueHead(model.config.hidden_size).to(device)
         groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
     params = [p for g in groups for p in g["params"]]
+    dp.broadcast_parameters(params)
     optimizer = torch.optim.AdamW(groups)
     order = DataOrder(len(problems), _generator_seed(cfg.seed, 1))
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
@@ -837,8 +897,9 @@ def train_rl(
     generators = {"data": order.generator, "minibatch": minibatch_generator}
     step, history = 0, []
 
-    if not resume:
+    if not resume and dp.is_main:
         shutil.rmtree(ckpt_root, ignore_errors=True)
+    dp.barrier()
     latest = latest_checkpoint(ckpt_root) if resume else None
     if latest is not None:
         ckpt = load_checkpoint(latest)
@@ -856,7 +917,7 @@ def train_rl(
             normaliser.load_state_dict(ckpt.state["reward_normaliser"])
         restore_rng_state(ckpt.objects["rng"], generators)
         step, history = ckpt.step, ckpt.state["history"]
-    rollout_log = _RolloutLog(rollouts_path, step)
+    rollout_log = _RolloutLog(rollouts_path, step) if dp.is_main else None
 
     def reference():
         """The KL reference: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
@@ -865,6 +926,8 @@ def train_rl(
         return _adapters_disabled(model)
 
     def write_checkpoint() -> None:
+        if not dp.is_main:
+            return
         tensors = {"trainable": trainable_state_dict(model)}
         if value_head is not None:
             tensors["value_head"] = {k: v.detach().clone() for k, v in value_head.state_dict().items()}
@@ -881,7 +944,11 @@ def train_rl(
             },
         )
 
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"rl ({cfg.algo})", mininterval=5.0)
+    # Data parallel: every process samples the whole step (same weights, same seeds: the same rollouts), the
+    # verifier splits the programs between the processes and shares the verdicts, so rewards and advantages
+    # (group statistics, whitening, normalisation) are computed on the global batch everywhere; only the PPO
+    # update is split (`ppo_update`).
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"rl ({cfg.algo})", mininterval=5.0, disable=not dp.is_main)
     while step < cfg.steps:
         started = time.perf_counter()
         # ---- rollouts (dapo refills groups whose rewards are all equal)
@@ -925,7 +992,12 @@ def train_rl(
             batch = {k: v.to(device) for k, v in batch.items()}
             mask = batch["completion_mask"]
             old_values, ref_logps = _no_grad_passes(
-                model, batch, value_head, autocast, cfg.minibatch_size, reference if cfg.kl_coef else None
+                model,
+                batch,
+                value_head,
+                autocast,
+                cfg.minibatch_size * dp.world_size,
+                reference if cfg.kl_coef else None,
             )
             if cfg.algo == "didpo":
                 rewards = token_reward_matrix(rollouts, mask.shape[1]).to(device)
@@ -947,7 +1019,7 @@ def train_rl(
                     batch["ref_per_token_logps"] = ref_logps
             warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
             stats = ppo_update(
-                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, policy=not warmup
+                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, not warmup, dp
             )
             metrics.update({f"didpo/{k}": v for k, v in stats.items()})
         step += 1
@@ -955,8 +1027,9 @@ def train_rl(
         metrics["didpo/time/update_s"] = time.perf_counter() - update_started
         metrics["didpo/step_time_s"] = time.perf_counter() - started
         history.append({"step": step, **metrics})
-        rollout_log.append(step, sampled, kept_flags)
-        emit(metrics, step)
+        if dp.is_main:
+            rollout_log.append(step, sampled, kept_flags)
+            emit(metrics, step)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             write_checkpoint()
         bar.update(1)
@@ -965,7 +1038,10 @@ def train_rl(
 
     model.eval()
     trainable, _ = count_parameters(model)
-    adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
+    if dp.is_main:
+        adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    dp.barrier()  # every rank returns once the exports exist
     return RLResult(
         global_step=step,
         history=history,
@@ -975,6 +1051,18 @@ def train_rl(
         value_head=value_head,
         trainable_params=trainable,
     )
+
+
+class _ShardedVerifier:
+    """Data parallel: each process verifies its slice of the programs; the verdicts are gathered in order, so every
+    process scores the same rollouts with the same verdicts (no sandbox timing can make them diverge)."""
+
+    def __init__(self, verifier, dp):
+        self.verifier, self.dp = verifier, dp
+
+    def check_many(self, jobs):
+        mine = list(self.dp.shard(list(jobs)))
+        return self.dp.gather(list(self.verifier.check_many(mine)) if mine else [])
 
 
 @contextlib.contextmanager

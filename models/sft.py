@@ -64,9 +64,10 @@ class SFTConfig:
             or a comma-separated list of module names.
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay, applied to matrices only (not to biases or norm gains).
-        batch_size: examples per micro-batch.
+        batch_size: examples per micro-batch, per process (under ``accelerate launch`` with N processes the global
+            batch is N × batch_size; see `models.distributed`).
         grad_accum_steps: micro-batches per optimizer step (examples per step = batch_size ×
-            grad_accum_steps).
+            grad_accum_steps × processes).
         max_steps: optimizer steps; 0 means ``ceil(epochs × n_train / (batch_size × grad_accum_steps))``.
         epochs: passes over the training set when `max_steps` is 0 (may be fractional).
         warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
@@ -561,6 +562,7 @@ def train_sft(
         set_seed,
         trainable_state_dict,
     )
+    from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters, targeted_module_names
     from models.policy import resolve_device
 
@@ -573,9 +575,10 @@ def train_sft(
     evals = build_sft_examples(tokenizer, eval_rows, max_seq_len=cfg.max_seq_len) if eval_rows else []
     if not train:
         raise ValueError("no training examples")
-    per_step = cfg.batch_size * cfg.grad_accum_steps
+    dp = data_parallel(resolve_device(cfg.device))
+    per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step)
-    device = resolve_device(cfg.device)
+    device = dp.device
     autocast = _autocast_factory(cfg.mixed_precision, device)
 
     set_seed(cfg.seed)
@@ -584,6 +587,7 @@ def train_sft(
     model.to(device)
     model.train()
     optimizer, params = _optimizer(model, cfg)
+    dp.broadcast_parameters(params)
     scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
     order = DataOrder(len(train), cfg.seed)
     stopper = EarlyStopping(cfg.early_stopping_patience)
@@ -592,8 +596,9 @@ def train_sft(
     step, stopped_early, history, best_weights = 0, False, [], None
 
     latest = latest_checkpoint(ckpt_root) if resume else None
-    if not resume:
+    if not resume and dp.is_main:
         shutil.rmtree(ckpt_root, ignore_errors=True)
+    dp.barrier()
     if latest is not None:
         ckpt = load_checkpoint(latest)
         if ckpt.state["fingerprint"] != fingerprint:
@@ -612,9 +617,12 @@ def train_sft(
 
     def record(metrics: dict, at: int) -> None:
         history.append({"step": at, **metrics})
-        emit(metrics, at)
+        if dp.is_main:
+            emit(metrics, at)
 
     def write_checkpoint() -> None:
+        if not dp.is_main:
+            return
         tensors = {"trainable": trainable_state_dict(model)}
         if best_weights is not None:
             tensors["best"] = best_weights
@@ -636,15 +644,19 @@ def train_sft(
             },
         )
 
-    bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0)  # also in logs (non-TTY)
+    bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0, disable=not dp.is_main)  # also in logs
     while step < total_steps and not stopped_early:
         started = time.perf_counter()
-        chunks = [[train[i] for i in order.take(cfg.batch_size)] for _ in range(cfg.grad_accum_steps)]
+        # Every rank draws the same global micro-batches and keeps its slice of each (all of it in one process).
+        chunks = [
+            [train[i] for i in dp.shard(order.take(cfg.batch_size * dp.world_size))]
+            for _ in range(cfg.grad_accum_steps)
+        ]
         micro = [collate(chunk, pad_id, cfg.packing) for chunk in chunks]
         # One normaliser for the whole accumulated batch: every answer token weighs the same, whichever
-        # micro-batch it is in (a per-micro-batch mean would overweight the tokens of short micro-batches).
-        n_answer = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
-        n_input = sum(len(ex["input_ids"]) for chunk in chunks for ex in chunk)  # padding excluded
+        # micro-batch (or process) it is in (a per-micro-batch mean would overweight the tokens of short ones).
+        n_answer = int(dp.sum(sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)))
+        n_input = int(dp.sum(sum(len(ex["input_ids"]) for chunk in chunks for ex in chunk)))  # padding excluded
         total_nll = 0.0
         for batch in micro:
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -652,6 +664,8 @@ def train_sft(
                 nll, _ = answer_nll(model, batch, logits_mask)
             (nll / n_answer).backward()
             total_nll += nll.item()
+        dp.all_reduce_gradients(params)  # Σ over ranks of nll_local / n_answer_global = the single-process gradient
+        total_nll = dp.sum(total_nll)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -687,7 +701,10 @@ def train_sft(
     model.eval()
     trainable, _ = count_parameters(model)
     target_modules = targeted_module_names(model) if cfg.lora else []
-    adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
+    if dp.is_main:
+        adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+    dp.barrier()  # every rank returns once the exports exist
     return SFTResult(
         global_step=step,
         best_eval_loss=stopper.best,
