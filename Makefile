@@ -40,8 +40,9 @@ setup-dev: $(VENV)/.dev-installed git-identity
 run: setup
 	$(BIN)/didpo run
 
+# The whole suite but GPU tests: the fast default run plus the slow ones (2-process training, real model conversion).
 test: setup-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m 'not gpu'
 
 test-slow: setup-dev
 	$(BIN)/python -m pytest -q -m slow
