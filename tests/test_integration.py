@@ -214,3 +214,46 @@ def test_impossible_gate_stops_the_pipeline(project):
     assert [r.data.tags["gate"] for r in gate_runs] == ["failed"]
     later = {"selfplay", "dpo", "didpo", "evaluate", "register"}
     assert not later & {r.data.tags["didpo.stage"] for r in runs}, "no stage after the gate may run"
+
+
+def test_stages_after_the_gate_on_a_tiny_model(project):
+    """selfplay → dpo → didpo → evaluate → register through `didpo run --stages` on the tiny model (its gate failed
+    above, so these stages are run by name: the wiring, outputs, MLflow runs and the registry are what is checked)."""
+    root, env = project
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["selfplay"].update(n_prompts=2, k=2, max_new_tokens=16, temperature=1.0, top_p=1.0)
+    params["dpo"].update(
+        max_steps=2, batch_size=2, max_pairs=8, eval_every=1, checkpoint_every=1, val_problems=2, max_new_tokens=16
+    )
+    params["didpo"].update(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=16, minibatch_size=2)
+    params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0)
+    params["evaluate"].update(
+        val_problems=1,
+        test_problems=1,
+        humaneval_problems=1,
+        max_new_tokens=8,
+        process_problems=1,
+        process_prefixes=1,
+        consistency_samples=2,
+        recovery_samples=1,
+    )
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    later = ["selfplay", "dpo", "didpo", "evaluate", "register"]
+    sh([str(BIN / "didpo"), "run", "--no-push", "--stages", ",".join(later)], root, env)
+
+    sft_sha = json.loads((root / "data/sft/metrics.json").read_text())["merged_sha256"]
+    dpo = json.loads((root / "data/dpo/metrics.json").read_text())
+    assert dpo["reference_sha256"] == sft_sha and dpo["reference_hash_origin"] == "sft_metrics"
+    assert dpo["global_step"] == 2 and dpo["n_train_pairs"] >= 2
+    rl = json.loads((root / "data/rl/metrics.json").read_text())
+    rollouts = (root / "data/rl/rollouts.jsonl").read_text().splitlines()
+    assert len(rollouts) == 2 * 2 * 2  # steps × prompts × group size
+    assert (root / "data/checkpoints/rl/merged/config.json").exists() and rl
+    evaluation = json.loads((root / "data/evaluate/metrics.json").read_text())
+    assert {"base", "sft", "dpo", "rl"} <= set(json.dumps(evaluation).replace('"', " ").split())
+    assert (root / "data/evaluate/figures/passk.png").stat().st_size > 0
+    decision = json.loads((root / "data/register/decision.json").read_text())
+    assert decision["promoted"] is True and decision["checkpoint"] == "rl"  # the first version becomes champion
+    _, runs = mlflow_runs(root)
+    finished = {r.data.tags["didpo.stage"] for r in runs if r.info.status == "FINISHED"}
+    assert set(later) <= finished
