@@ -192,7 +192,7 @@ def test_impossible_gate_stops_the_pipeline(project):
     root, env = project
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["sft"].update(
-        max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=512
+        max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=2048
     )
     params["gate"].update(
         n_samples=2, k=2, val_problems=2, max_new_tokens=16, temperature=1.0, top_p=1.0, threshold=1.0
@@ -223,7 +223,14 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["selfplay"].update(n_prompts=2, k=2, max_new_tokens=16, temperature=1.0, top_p=1.0)
     params["dpo"].update(
-        max_steps=2, batch_size=2, max_pairs=8, eval_every=1, checkpoint_every=1, val_problems=2, max_new_tokens=16
+        max_steps=2,
+        batch_size=2,
+        max_pairs=8,
+        eval_every=1,
+        checkpoint_every=1,
+        val_problems=2,
+        max_new_tokens=16,
+        max_seq_len=2048,
     )
     params["didpo"].update(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=16, minibatch_size=2)
     params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0)
