@@ -492,7 +492,11 @@ def test_keyboard_interrupt_kills_every_program():
     )
     v = Verifier(VerifierConfig(workers=2, timeout_s=60, sandbox_uid_base=2_800_000))  # uids nobody else uses
     workers, uids = v.worker_pids, set(v.sandbox_uids)
-    interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    # Ctrl-C as Python delivers it by default: a library imported by an earlier test may have left its own handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # To the main thread itself: a process-directed signal may land on any thread (earlier tests leave some
+    # running), and then the main thread's blocking wait is not interrupted.
+    interrupt = threading.Timer(1.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     interrupt.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -503,6 +507,7 @@ def test_keyboard_interrupt_kills_every_program():
         assert v.check("def f(x):\n    return x + 1\n", CHECK_F, "f").passed  # a fresh pool on demand
     finally:
         interrupt.cancel()
+        signal.signal(signal.SIGINT, previous)
         v.close()
 
 
