@@ -264,3 +264,10 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     _, runs = mlflow_runs(root)
     finished = {r.data.tags["didpo.stage"] for r in runs if r.info.status == "FINISHED"}
     assert set(later) <= finished
+
+    # a DPO param changes: dpo is stale (what follows re-runs when its outputs change), nothing before it is
+    # (the gate never passed in this project, so DVC keeps it stale too)
+    params["dpo"]["beta"] = 0.2
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stale = set(json.loads(sh(["dvc", "status", "--json"], root, env).stdout))
+    assert stale == {"gate", "dpo"}, stale
