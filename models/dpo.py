@@ -744,13 +744,12 @@ def train_dpo(
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
+    from models.sampling import pad_token_id
     from models.sft import _autocast_factory, _export, _optimizer
 
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    pad_id = pad_token_id(tokenizer)
     if not train_pairs:
         raise ValueError("no training pairs")
     all_train = build_pair_examples(tokenizer, train_pairs, cfg.max_seq_len)

@@ -854,14 +854,13 @@ def train_rl(
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
+    from models.sampling import pad_token_id
     from models.sft import DataOrder, _autocast_factory, _export
     from models.value_head import ValueHead
 
     if not problems:
         raise ValueError("no problems to train on")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    pad_id = pad_token_id(tokenizer)
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"

@@ -116,6 +116,18 @@ def build_chat_prompt(tokenizer, instruction: str, prompt_code: str | None = Non
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id used to pad batches: the tokenizer's pad token, else its eos token.
+
+    Raises:
+        ValueError: the tokenizer has neither.
+    """
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    return pad_id
+
+
 def code_block_closed(text: str) -> bool:
     """True when `text` contains a closed fenced code block tagged python/py/python3 or untagged (the block
     `extract_code` returns); closed blocks in other languages (```bash) do not count."""
@@ -320,9 +332,7 @@ def sample(
     import torch
     from tqdm.auto import tqdm
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError("tokenizer has neither a pad nor an eos token")
+    pad_id = pad_token_id(tokenizer)
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("empty prompt")

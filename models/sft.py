@@ -565,12 +565,11 @@ def train_sft(
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters, targeted_module_names
     from models.policy import resolve_device
+    from models.sampling import pad_token_id
 
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad_id is None:
-        raise ValueError("the tokenizer has neither a pad nor an eos token")
+    pad_id = pad_token_id(tokenizer)
     train = build_sft_examples(tokenizer, train_rows, max_seq_len=cfg.max_seq_len)
     evals = build_sft_examples(tokenizer, eval_rows, max_seq_len=cfg.max_seq_len) if eval_rows else []
     if not train:
