@@ -244,3 +244,29 @@ def test_real_continuer_on_a_tiny_model():
     assert continuer([(PROBLEM, prefix)], 3, False) == full[:1]  # seeded: the same request, the same samples
     lines = continuer([(PROBLEM, prefix)], 4, True)[0]
     assert len(lines) == 4 and all(len(tokenizer(s)["input_ids"]) <= pm.NEXT_LINE_TOKENS for s in lines)
+
+
+def test_real_continuer_heals_the_prefix_newline(monkeypatch):
+    """The prompt stops before the prefix's last newline; the sampled newline is taken off again, so
+    prefix + continuation is the program the model wrote (a bare trailing newline made the SFT model close the
+    block)."""
+    from types import SimpleNamespace
+
+    import models.sampling
+    from models.process_metrics import make_continuer
+    from models.sampling import SamplingConfig
+
+    seen = []
+
+    def fake_sample(model, tokenizer, prompts, config, progress=True):
+        seen.extend(prompts)
+        texts = ["\n    y = x + 1\n    return y\n```", "    # same line\n"]
+        return [[SimpleNamespace(text=t) for t in texts] for _ in prompts]
+
+    monkeypatch.setattr(models.sampling, "sample", fake_sample)
+    monkeypatch.setattr("models.process_metrics.continuation_prompt", lambda tok, p, prefix: "PROMPT:" + prefix)
+    fn = make_continuer(None, None, SamplingConfig(n=1))
+    out = fn([({}, "def f(x):\n"), ({}, "def f(x):")], 2, True)
+    assert seen == ["PROMPT:def f(x):", "PROMPT:def f(x):"]
+    assert out[0] == ["    y = x + 1\n    return y\n", "    # same line\n"]  # healed: the leading newline is dropped
+    assert out[1] == ["\n    y = x + 1\n    return y\n", "    # same line\n"]  # no trailing newline: as sampled
