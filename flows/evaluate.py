@@ -1,7 +1,8 @@
 """Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL) on val, test and HumanEval, side by side.
 
 pass@{1,5,10,16}, the process metrics, format compliance and unsafe-code rate per checkpoint and split
-(tasks/evaluate.py lists the keys); a Markdown comparison table, pass@k plots (DVC plot JSON per split + one PNG) and
+(tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with a paired bootstrap
+interval (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON per split + one PNG) and
 the training curves of each training stage whose history file exists. Everything is logged to the stage's MLflow run.
 """
 
@@ -16,11 +17,14 @@ from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.evaluate import (
+    PER_PROBLEM,
     SPLITS,
     comparison_markdown,
     comparison_table,
+    deltas_markdown,
     evaluate_checkpoint,
     flat_metrics,
+    pass1_deltas,
     passk_rows,
     plot_history,
     plot_passk,
@@ -43,6 +47,7 @@ HISTORIES = {
 }
 OUT = Path("data/evaluate")
 METRICS = OUT / "metrics.json"
+DELTAS = OUT / "deltas.json"
 REPORT = OUT / "report.md"
 SAMPLES = OUT / "samples"
 FIGURES = OUT / "figures"
@@ -72,8 +77,11 @@ def run(params_path: str = "params.yaml") -> dict:
                 metrics[name] = evaluate_checkpoint(
                     path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name
                 )
+        per_problem = {name: m.pop(PER_PROBLEM) for name, m in metrics.items()}
+        deltas = pass1_deltas(per_problem, seed=cfg.seed)
         write_json(metrics, METRICS)
-        write_lines([comparison_markdown(metrics).rstrip("\n")], REPORT)
+        write_json(deltas, DELTAS)
+        write_lines([comparison_markdown(metrics) + "\n" + deltas_markdown(deltas).rstrip("\n")], REPORT)
         for split in SPLITS:
             write_json({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, OUT / f"passk_{split}.json")
         plot_passk(metrics, FIGURES / "passk.png")
@@ -82,6 +90,8 @@ def run(params_path: str = "params.yaml") -> dict:
                 plot_history(read_history(path), f"{stage} training", FIGURES / f"training_{stage}.png")
         tracking.mlflow_emit(flat_metrics(metrics), step=0)
         mlflow.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
-        tracking.log_artifacts(METRICS, REPORT, *(OUT / f"passk_{s}.json" for s in SPLITS), artifact_path="evaluate")
+        tracking.log_artifacts(
+            METRICS, DELTAS, REPORT, *(OUT / f"passk_{s}.json" for s in SPLITS), artifact_path="evaluate"
+        )
         tracking.log_artifacts(FIGURES, artifact_path="evaluate/figures")
     return metrics

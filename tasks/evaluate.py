@@ -18,6 +18,7 @@ A value that cannot be measured (e.g. recovery when no clean continuation passes
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 KS = (1, 5, 10, 16)
+PER_PROBLEM = "per_problem_pass@1"
 SPLITS = ("val", "test", "humaneval")
 TABLE_COLUMNS = (
     "pass@1",
@@ -193,15 +195,17 @@ def evaluate_checkpoint(
     path: Path, dtype: str, problems: dict[str, list[dict]], cfg: EvaluateConfig, verifier, samples_dir: Path
 ) -> dict:
     """Load one checkpoint and measure it on every split; writes per-problem answers and verdicts to
-    ``samples_dir/<split>.jsonl``. Returns ``{split: metrics}`` (plus ``seconds`` of wall-clock time)."""
+    ``samples_dir/<split>.jsonl``. Returns ``{split: metrics}`` (plus ``seconds`` of wall-clock time) and, under
+    ``PER_PROBLEM``, ``{split: [pass@1 of each problem]}`` for the paired comparisons (`pass1_deltas`)."""
     from models.policy import load_policy
     from tasks.measure import write_results
 
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
-    out: dict = {}
+    out: dict = {PER_PROBLEM: {}}
     for split, rows in problems.items():
         out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier)
+        out[PER_PROBLEM][split] = [r.pass_at(1) for r in results]
         write_results(results, samples_dir / f"{split}.jsonl")
     out["seconds"] = time.perf_counter() - started
     return out
@@ -249,6 +253,53 @@ def comparison_table(metrics: dict) -> dict[str, list]:
             for c in TABLE_COLUMNS:
                 table[c].append(m.get(c))
     return table
+
+
+def pass1_deltas(per_problem: dict[str, dict[str, list[float]]], confidence: float = 0.95, seed: int = 0) -> dict:
+    """pass@1 change between consecutive checkpoints, with a paired bootstrap interval over problems.
+
+    per_problem: ``{checkpoint: {split: [pass@1 of each problem]}}`` in pipeline order (the same problems for every
+    checkpoint). Returns ``{"<before>_to_<after>": {split: {"delta", "low", "high", "n_problems", "confidence"}}}``
+    for each consecutive pair (`models.passk.paired_delta_ci`); a split with no problems is left out.
+    """
+    from models.passk import paired_delta_ci
+
+    names = list(per_problem)
+    out: dict = {}
+    for before, after in itertools.pairwise(names):
+        pair = {}
+        for split, scores in per_problem[before].items():
+            if scores and split in per_problem[after]:
+                d = paired_delta_ci(scores, per_problem[after][split], confidence=confidence, seed=seed)
+                pair[split] = {
+                    "delta": d.delta,
+                    "low": d.low,
+                    "high": d.high,
+                    "n_problems": d.n_problems,
+                    "confidence": d.confidence,
+                }
+        out[f"{before}_to_{after}"] = pair
+    return out
+
+
+def deltas_markdown(deltas: dict) -> str:
+    """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, problems)."""
+    out = [
+        "## pass@1 change between consecutive checkpoints",
+        "",
+        "Δ = mean over problems of pass@1(after) − pass@1(before); interval: paired bootstrap over problems "
+        "(percentile, 10,000 resamples). An interval that contains 0 shows no change at this sample size.",
+        "",
+        "| change | split | Δ pass@1 | interval | problems |",
+        "|---|---|---:|---|---:|",
+    ]
+    for pair, per_split in deltas.items():
+        for split, d in per_split.items():
+            interval = "–" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}] ({d['confidence']:.0%})"
+            out.append(
+                f"| {pair.replace('_to_', ' → ')} | {split} | {d['delta']:+.3f} | {interval} | {d['n_problems']} |"
+            )
+    return "\n".join(out) + "\n"
 
 
 def passk_rows(metrics: dict, split: str, checkpoints: Sequence[str]) -> list[dict]:

@@ -11,8 +11,10 @@ from tasks.evaluate import (
     answer_metrics,
     comparison_markdown,
     comparison_table,
+    deltas_markdown,
     evaluate_split,
     flat_metrics,
+    pass1_deltas,
     passk_rows,
     plot_history,
     plot_passk,
@@ -76,6 +78,30 @@ def test_comparison_table_and_plot_rows():
         "eval/sft/val/pass@5": 0.75,
         "eval/sft/seconds": 12.0,
     }
+
+
+def test_pass1_deltas_between_consecutive_checkpoints():
+    per_problem = {
+        "sft": {"val": [0.0, 0.0, 0.0, 0.0], "test": [], "humaneval": [0.5]},
+        "dpo": {"val": [1.0, 0.0, 0.0, 0.0], "test": [], "humaneval": [0.25]},
+        "rl": {"val": [1.0, 0.5, 0.0, 0.0], "test": [], "humaneval": [0.25]},
+    }
+    deltas = pass1_deltas(per_problem)
+    assert list(deltas) == ["sft_to_dpo", "dpo_to_rl"]
+    assert set(deltas["sft_to_dpo"]) == {"val", "humaneval"}  # no problems in test: no row
+    # diffs (1, 0, 0, 0): resample means K/4, K ~ Binomial(4, 1/4) → 95% percentile interval [0, 0.75] (test_passk)
+    assert deltas["sft_to_dpo"]["val"] == {"delta": 0.25, "low": 0.0, "high": 0.75, "n_problems": 4, "confidence": 0.95}
+    assert deltas["sft_to_dpo"]["humaneval"] == {
+        "delta": -0.25,
+        "low": None,
+        "high": None,
+        "n_problems": 1,
+        "confidence": 0.95,
+    }
+    assert deltas["dpo_to_rl"]["val"]["delta"] == 0.125
+    md = deltas_markdown(deltas)
+    assert "| sft → dpo | val | +0.250 | [+0.000, +0.750] (95%) | 4 |" in md
+    assert "| sft → dpo | humaneval | -0.250 | – | 1 |" in md
 
 
 def test_plots_are_written(tmp_path):
