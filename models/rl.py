@@ -790,10 +790,12 @@ class _RolloutLog:
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _fingerprint(cfg: RLConfig, problems: Sequence[dict]) -> str:
-    """Hash of the config and the problems: a checkpoint only resumes the run that wrote it."""
+def _fingerprint(cfg: RLConfig, problems: Sequence[dict], initial_weights: str) -> str:
+    """Hash of the config, the problems and the initial weights' digest: a checkpoint only resumes the run that
+    wrote it (not a run of the same config from another starting policy)."""
     payload = json.dumps(
-        [dataclasses.asdict(cfg), [[p["task_id"], p["prompt"], p["test"]] for p in problems]], sort_keys=True
+        [dataclasses.asdict(cfg), [[p["task_id"], p["prompt"], p["test"]] for p in problems], initial_weights],
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -833,8 +835,8 @@ def train_rl(
 
     Raises:
         ValueError: no problems, a tokenizer without pad/eos token.
-        models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config or other
-            problems.
+        models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, other
+            problems or other initial weights.
     """
     import torch
     from tqdm.auto import tqdm
@@ -850,6 +852,7 @@ def train_rl(
         save_checkpoint,
         set_seed,
         trainable_state_dict,
+        weights_digest,
     )
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
@@ -870,6 +873,7 @@ def train_rl(
         verifier = _ShardedVerifier(verifier, dp)
     autocast = _autocast_factory(cfg.mixed_precision, device)
 
+    initial_weights = weights_digest(model)  # before LoRA: the starting policy itself
     set_seed(cfg.seed)
     reference_copy = None
     if cfg.kl_coef and not cfg.lora:
@@ -892,7 +896,7 @@ def train_rl(
     order = DataOrder(len(problems), _generator_seed(cfg.seed, 1))
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
     normaliser = RunningMeanStd() if cfg.normalize_rewards else None
-    fingerprint = _fingerprint(cfg, problems)
+    fingerprint = _fingerprint(cfg, problems, initial_weights)
     generators = {"data": order.generator, "minibatch": minibatch_generator}
     step, history = 0, []
 
@@ -904,7 +908,8 @@ def train_rl(
         ckpt = load_checkpoint(latest)
         if ckpt.state["fingerprint"] != fingerprint:
             raise CheckpointMismatchError(
-                f"{latest} was written by a run with another didpo config or other problems; delete "
+                f"{latest} was written by a run with another didpo config, other problems or another starting "
+                f"policy; delete "
                 f"{ckpt_root} (or pass resume=False) to start over"
             )
         load_trainable_state_dict(model, ckpt.tensors["trainable"])

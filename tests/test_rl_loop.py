@@ -386,6 +386,9 @@ def test_exact_resume_after_a_crash(tmp_path):
         train_rl(
             build_tiny_causal_lm(0)[0], tok, PROBLEMS, dataclasses.replace(cfg, lam=0.9), stub, tmp_path / "resumed"
         )
+    # ... nor the same config started from other weights (a new DPO export under an old RL checkpoint)
+    with pytest.raises(CheckpointMismatchError, match="another starting policy"):
+        train_rl(build_tiny_causal_lm(1)[0], tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
 
 
 # -------------------------------------------------------------------------------- one loop, three algos
