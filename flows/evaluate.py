@@ -17,7 +17,6 @@ from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.evaluate import (
-    PER_PROBLEM,
     SPLITS,
     comparison_markdown,
     comparison_table,
@@ -71,13 +70,12 @@ def run(params_path: str = "params.yaml") -> dict:
     inputs = (str(VALID_PROBLEMS), *map(str, checkpoints.values()))
     with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs):
         problems = {split: read_problems(VALID_PROBLEMS, split, cfg.limit(split)) for split in SPLITS}
-        metrics = {}
+        metrics, per_problem = {}, {}
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
-                metrics[name] = evaluate_checkpoint(
+                metrics[name], per_problem[name] = evaluate_checkpoint(
                     path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name
                 )
-        per_problem = {name: m.pop(PER_PROBLEM) for name, m in metrics.items()}
         deltas = pass1_deltas(per_problem, seed=cfg.seed)
         write_json(metrics, METRICS)
         write_json(deltas, DELTAS)

@@ -18,6 +18,7 @@ A value that cannot be measured (e.g. recovery when no clean continuation passes
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -29,7 +30,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 KS = (1, 5, 10, 16)
-PER_PROBLEM = "per_problem_pass@1"
 SPLITS = ("val", "test", "humaneval")
 TABLE_COLUMNS = (
     "pass@1",
@@ -193,22 +193,23 @@ def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConf
 @task(cache_policy=NO_CACHE)
 def evaluate_checkpoint(
     path: Path, dtype: str, problems: dict[str, list[dict]], cfg: EvaluateConfig, verifier, samples_dir: Path
-) -> dict:
+) -> tuple[dict, dict[str, list[float]]]:
     """Load one checkpoint and measure it on every split; writes per-problem answers and verdicts to
-    ``samples_dir/<split>.jsonl``. Returns ``{split: metrics}`` (plus ``seconds`` of wall-clock time) and, under
-    ``PER_PROBLEM``, ``{split: [pass@1 of each problem]}`` for the paired comparisons (`pass1_deltas`)."""
+    ``samples_dir/<split>.jsonl``. Returns ``({split: metrics} plus "seconds" of wall-clock time, {split: [pass@1 of
+    each problem]})``, the second for the paired comparisons (`pass1_deltas`)."""
     from models.policy import load_policy
     from tasks.measure import write_results
 
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
-    out: dict = {PER_PROBLEM: {}}
+    out: dict = {}
+    per_problem: dict[str, list[float]] = {}
     for split, rows in problems.items():
         out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier)
-        out[PER_PROBLEM][split] = [r.pass_at(1) for r in results]
+        per_problem[split] = [r.pass_at(1) for r in results]
         write_results(results, samples_dir / f"{split}.jsonl")
     out["seconds"] = time.perf_counter() - started
-    return out
+    return out, per_problem
 
 
 # ----------------------------------------------------------------------------------------------------- reports
@@ -271,13 +272,7 @@ def pass1_deltas(per_problem: dict[str, dict[str, list[float]]], confidence: flo
         for split, scores in per_problem[before].items():
             if scores and split in per_problem[after]:
                 d = paired_delta_ci(scores, per_problem[after][split], confidence=confidence, seed=seed)
-                pair[split] = {
-                    "delta": d.delta,
-                    "low": d.low,
-                    "high": d.high,
-                    "n_problems": d.n_problems,
-                    "confidence": d.confidence,
-                }
+                pair[split] = dataclasses.asdict(d)
         out[f"{before}_to_{after}"] = pair
     return out
 
