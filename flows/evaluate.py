@@ -1,4 +1,5 @@
-"""Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL) on val, test and HumanEval, side by side.
+"""Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL; ``evaluate.checkpoints``) on val, test and
+HumanEval, side by side.
 
 pass@{1,5,10,16}, the process metrics, format compliance and unsafe-code rate per checkpoint and split
 (tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with a paired bootstrap
@@ -64,9 +65,10 @@ def run(params_path: str = "params.yaml") -> dict:
 
     params = load_params(params_path)
     cfg = params.evaluate
-    checkpoints = present_checkpoints()
+    checkpoints = {name: path for name, path in present_checkpoints().items() if name in cfg.checkpoints}
     if not checkpoints:
-        raise FileNotFoundError(f"no checkpoint to evaluate: none of {[str(p) for p in CHECKPOINTS.values()]} exists")
+        wanted = [str(CHECKPOINTS[name]) for name in cfg.checkpoints]
+        raise FileNotFoundError(f"no checkpoint to evaluate: none of {wanted} (evaluate.checkpoints) exists")
     inputs = (str(VALID_PROBLEMS), *map(str, checkpoints.values()))
     with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs):
         problems = {split: read_problems(VALID_PROBLEMS, split, cfg.limit(split)) for split in SPLITS}

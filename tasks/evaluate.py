@@ -31,6 +31,7 @@ from prefect.cache_policies import NO_CACHE
 
 KS = (1, 5, 10, 16)
 SPLITS = ("val", "test", "humaneval")
+CHECKPOINT_NAMES = ("base", "sft", "dpo", "rl")  # pipeline order
 TABLE_COLUMNS = (
     "pass@1",
     "pass@5",
@@ -63,6 +64,8 @@ class EvaluateConfig:
         consistency_samples: next lines sampled per prefix (≥ 2).
         recovery_samples: continuations sampled per clean and per corrupted prefix.
         seed: sampling seed and corruption seed.
+        checkpoints: which of base, sft, dpo, rl are measured (when present); a larger run that only asks
+            "did RL help?" measures ``[dpo, rl]`` and halves the stage's time.
     """
 
     val_problems: int = 6
@@ -77,8 +80,13 @@ class EvaluateConfig:
     consistency_samples: int = 8
     recovery_samples: int = 4
     seed: int = 0
+    checkpoints: tuple[str, ...] = CHECKPOINT_NAMES
 
     def __post_init__(self):
+        unknown = [name for name in self.checkpoints if name not in CHECKPOINT_NAMES]
+        if unknown or not self.checkpoints:
+            allowed, got = list(CHECKPOINT_NAMES), list(self.checkpoints)
+            raise ValueError(f"evaluate.checkpoints must be a non-empty subset of {allowed}, got {got}")
         for name in ("val_problems", "test_problems", "humaneval_problems", "process_problems"):
             if getattr(self, name) < 0:
                 raise ValueError(f"evaluate.{name} must be >= 0, got {getattr(self, name)}")

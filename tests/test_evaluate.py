@@ -33,6 +33,11 @@ def test_config_validation_names_the_key():
         parse_params({"evaluate": {"n_samples": 8}})
     with pytest.raises(ConfigError, match="consistency_samples"):
         parse_params({"evaluate": {"consistency_samples": 1}})
+    assert parse_params({"evaluate": {"checkpoints": ["dpo", "rl"]}}).evaluate.checkpoints == ("dpo", "rl")
+    with pytest.raises(ConfigError, match=r"evaluate.checkpoints must be a non-empty subset .* got \['dpo', 'ppo'\]"):
+        parse_params({"evaluate": {"checkpoints": ["dpo", "ppo"]}})
+    with pytest.raises(ConfigError, match="evaluate.checkpoints"):
+        parse_params({"evaluate": {"checkpoints": []}})
 
 
 def test_answer_metrics_by_hand():
