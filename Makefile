@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean
+.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean ablation
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ test-slow: setup-dev
 
 lint: setup-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# RL ablation (issue 7): didpo vs grpo vs dapo on the same DPO checkpoint, seeds and rollout budget, one DVC
+# experiment each (didpo last, so the workspace ends where it started); the table is printed in Markdown.
+ABLATION_KEEP := '^(Experiment|didpo\.algo|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|response_length/mean|approx_kl/mean|entropy/mean)$$'
+ablation: setup
+	for a in grpo dapo didpo; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
+	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
 
 bench: setup-dev
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -79,7 +79,8 @@ class DPOConfig:
         beta: β, the inverse temperature of the implicit reward (sigmoid/robust/simpo), IPO's τ, ORPO's λ.
         label_smoothing: ε, the assumed probability that a pair's label is flipped (robust only), in [0, 0.5).
         simpo_gamma: γ, SimPO's target reward margin (nats, in units of β·average log-prob).
-        lora_r, lora_alpha, lora_dropout, lora_target_modules: the fresh adapter (see `models.sft.SFTConfig`).
+        lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_layers: the fresh adapter (see
+            `models.sft.SFTConfig`).
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay on matrices.
         batch_size: pairs per micro-batch per process (one forward of 2·batch_size sequences); with N processes
@@ -120,6 +121,7 @@ class DPOConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.05
     lora_target_modules: str = "auto"
+    lora_layers: int = 0
     learning_rate: float = 5e-5
     weight_decay: float = 0.0
     batch_size: int = 4
@@ -156,7 +158,8 @@ class DPOConfig:
         for name in ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"dpo.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "eval_every", "early_stopping_patience", "checkpoint_every", "max_grad_norm"):
+        non_negative = ("max_steps", "eval_every", "early_stopping_patience", "checkpoint_every", "max_grad_norm")
+        for name in (*non_negative, "lora_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"dpo.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.epochs <= MAX_EPOCHS:
@@ -761,7 +764,7 @@ def train_dpo(
     fingerprint = _fingerprint(cfg, all_train, evals, reference_sha256)
 
     set_seed(cfg.seed)
-    model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers)
     model.to(device)
     model.train()
     logits_mask = _supports_logits_mask(model)

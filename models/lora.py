@@ -6,6 +6,12 @@ that is all attention and MLP projections: q_proj, k_proj, v_proj, o_proj, gate_
 GPT-2 it is c_attn, c_proj, c_fc. QLoRA (Dettmers et al. 2023, sec. 4) found adapting all linear layers needed
 to match full fine-tuning. Anything else is a comma-separated list of module-name suffixes, passed to peft
 as is.
+
+Last layers only (``last_layers`` N > 0): adapters on the top N decoder layers (peft's ``layers_to_transform``).
+No weight below them needs a gradient, so the backward pass stops at the lowest adapted layer: with the top half
+of SmolLM2-135M's 30 layers one SFT step took 10 s instead of 16.5 s (4 examples, 2 CPU cores). The lower layers
+keep the base model's features; the adapted upper half still learns the answer format and the problem family's
+idioms (README, "SFT recipe").
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ def parse_target_modules(spec: str) -> str | list[str]:
     return names
 
 
-def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str = "auto") -> PeftModel:
+def apply_lora(
+    model: torch.nn.Module, r: int, alpha: float, dropout: float, target_modules: str = "auto", last_layers: int = 0
+) -> PeftModel:
     """Wrap a causal LM with fresh LoRA adapters; only the adapter weights require grad afterwards.
 
     The adapters are initialised the peft way (A Kaiming-uniform from torch's global RNG, B zero), so the
@@ -47,24 +55,55 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float, tar
         alpha: scaling numerator; the update is ``(alpha / r) · B A``.
         dropout: dropout on the adapter input during training.
         target_modules: see the module docstring.
+        last_layers: adapt only the last N decoder layers (``model.config.num_hidden_layers``); 0 = all.
 
     Returns:
         the ``PeftModelForCausalLM``.
 
     Raises:
-        ValueError: none of the named modules exists in the model (from peft), or an empty spec.
+        ValueError: none of the named modules exists in the model (from peft), an empty spec, or `last_layers`
+            outside [0, number of layers].
     """
     from peft import LoraConfig, get_peft_model
+
+    targets, layers = parse_target_modules(target_modules), None
+    if last_layers:
+        if targets == "all-linear":  # peft takes layers_to_transform with a list of names only
+            targets = linear_module_names(model)
+        n_layers = model.config.num_hidden_layers
+        if not 0 < last_layers <= n_layers:
+            raise ValueError(
+                f"lora_layers must be in [0, {n_layers}] for this {n_layers}-layer model, got {last_layers}"
+            )
+        layers = list(range(n_layers - last_layers, n_layers))
 
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=parse_target_modules(target_modules),
+        target_modules=targets,
+        layers_to_transform=layers,
         bias="none",
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """The leaf names of the model's linear layers but its output embedding, sorted — what peft's
+    ``"all-linear"`` adapts (e.g. ``["down_proj", "gate_proj", ..., "v_proj"]`` for Llama, ``["c_attn", "c_fc",
+    "c_proj"]`` for GPT-2)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings()
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear | Conv1D) and module is not head
+        }
+    )
 
 
 def targeted_module_names(peft_model: PeftModel) -> list[str]:

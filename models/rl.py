@@ -133,6 +133,7 @@ class RLConfig:
         lora_alpha: LoRA scaling numerator (update = lora_alpha / lora_r · B A).
         lora_dropout: LoRA dropout; keep 0 for RL (dropout makes the first PPO ratio differ from 1).
         lora_target_modules: "auto" (every linear layer but the LM head) or a comma-separated list.
+        lora_layers: adapters on the last N decoder layers only (0 = all; `models.lora.apply_lora`).
         seed: seeds the adapters' initialisation, the prompt order, the minibatch order and every step's sampling.
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
@@ -174,6 +175,7 @@ class RLConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
     lora_target_modules: str = "auto"
+    lora_layers: int = 0
     seed: int = 0
     checkpoint_every: int = 1
     device: str = "auto"
@@ -204,6 +206,7 @@ class RLConfig:
             "critic_warmup_steps",
             "max_refill",
             "checkpoint_every",
+            "lora_layers",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -879,7 +882,9 @@ def train_rl(
     if cfg.kl_coef and not cfg.lora:
         reference_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
     if cfg.lora:
-        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        model = apply_lora(
+            model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers
+        )
     model.to(device)
     model.train()
     policy_params = [p for p in model.parameters() if p.requires_grad]

@@ -62,6 +62,8 @@ class SFTConfig:
         lora_target_modules: ``"auto"`` = every linear layer but the LM head (all attention and MLP
             projections: q/k/v/o_proj, gate/up/down_proj on Llama-like models; peft's ``"all-linear"``),
             or a comma-separated list of module names.
+        lora_layers: LoRA on the last N decoder layers only (0 = every layer); the backward pass stops at the
+            lowest adapted layer (`models.lora.apply_lora`).
         learning_rate: peak AdamW learning rate.
         weight_decay: AdamW decoupled weight decay, applied to matrices only (not to biases or norm gains).
         batch_size: examples per micro-batch, per process (under ``accelerate launch`` with N processes the global
@@ -95,6 +97,7 @@ class SFTConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.05
     lora_target_modules: str = "auto"
+    lora_layers: int = 0
     learning_rate: float = 2e-4
     weight_decay: float = 0.0
     batch_size: int = 8
@@ -115,6 +118,7 @@ class SFTConfig:
     def __post_init__(self):
         positive = ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len")
         non_negative = (
+            "lora_layers",
             "max_steps",
             "eval_every",
             "early_stopping_patience",
@@ -582,7 +586,9 @@ def train_sft(
 
     set_seed(cfg.seed)
     if cfg.lora:
-        model = apply_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        model = apply_lora(
+            model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers
+        )
     model.to(device)
     model.train()
     optimizer, params = _optimizer(model, cfg)

@@ -366,3 +366,34 @@ def test_training_stops_when_eval_loss_stops_improving(tmp_path):
     assert all(b < a for a, b in zip(evals, evals[1:], strict=False)) and result.best_step == 4
     held_out = evaluate_loss(model, build_sft_examples(tok, ROWS[:8]), 4, tok.pad_token_id)
     assert held_out == pytest.approx(result.best_eval_loss, abs=1e-5)
+
+
+def test_lora_on_the_last_layers_only_leaves_the_lower_layers_bit_identical(tmp_path):
+    """``lora_layers=1``: adapters on the top decoder layer only; after training and merging, every weight below
+    it equals the base model's bit for bit, the top layer's projections moved, and no autograd node is built
+    below the top layer (the backward pass stops there: what makes it cheaper)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = build_tiny_causal_lm(0)
+    n_layers = model.config.num_hidden_layers
+    assert n_layers >= 2
+    top = f"model.layers.{n_layers - 1}."
+    lower_grads = []  # does layer 0's output need a gradient? (True with adapters in layer 0)
+    model.model.layers[0].register_forward_hook(
+        lambda m, i, o: lower_grads.append((o[0] if isinstance(o, tuple) else o).requires_grad)
+    )
+    cfg = SFTConfig(**dict(BASE, learning_rate=1e-2, lora_r=4, lora_alpha=8, lora_layers=1))
+    result = train_sft(model, tok, ROWS, [], cfg, tmp_path)
+    assert lower_grads and not any(lower_grads)  # layer 0's outputs never needed a gradient
+    base = params_of(build_tiny_causal_lm(0)[0])
+    merged = params_of(AutoModelForCausalLM.from_pretrained(result.merged_path))
+    moved = {k for k in base if not torch.equal(merged[k], base[k])}
+    assert moved and all(k.startswith(top) and k.endswith("_proj.weight") for k in moved), moved
+    assert result.trainable_params == sum(cfg.lora_r * sum(base[k].shape) for k in moved)  # r·(in + out) each
+
+    with pytest.raises(ValueError, match=rf"lora_layers must be in \[0, {n_layers}\]"):
+        train_sft(
+            build_tiny_causal_lm(0)[0], tok, ROWS, [], SFTConfig(**dict(BASE, lora_layers=n_layers + 1)), tmp_path
+        )
+    with pytest.raises(ValueError, match="sft.lora_layers must be >= 0"):
+        SFTConfig(lora_layers=-1)
