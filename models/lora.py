@@ -8,10 +8,9 @@ to match full fine-tuning. Anything else is a comma-separated list of module-nam
 as is.
 
 Last layers only (``last_layers`` N > 0): adapters on the top N decoder layers (peft's ``layers_to_transform``).
-No weight below them needs a gradient, so the backward pass stops at the lowest adapted layer: with the top half
-of SmolLM2-135M's 30 layers one SFT step took 10 s instead of 16.5 s (4 examples, 2 CPU cores). The lower layers
-keep the base model's features; the adapted upper half still learns the answer format and the problem family's
-idioms (README, "SFT recipe").
+No weight below them needs a gradient, so the backward pass stops at the lowest adapted layer: with the top 15
+of SmolLM2-135M's 30 layers, SFT ran at a median 207 tokens/s against 124 with every layer (2 CPU cores; README,
+"SFT recipe"). The lower layers keep the base model's features.
 """
 
 from __future__ import annotations
