@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean ablation
+.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean ablation run-large
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ ABLATION_KEEP := '^(Experiment|didpo\.algo|pass_rate/mean|pass_rate/last|reward/
 ablation: setup
 	for a in grpo dapo didpo; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
 	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
+
+# The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems, DPO vs RL only.
+LARGE := -S didpo.steps=24 -S evaluate.val_problems=20 -S evaluate.test_problems=2 -S evaluate.humaneval_problems=2 \
+	-S 'evaluate.checkpoints=[dpo,rl]' -S evaluate.process_problems=1
+run-large: setup
+	$(BIN)/dvc exp run $(LARGE)
 
 bench: setup-dev
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
