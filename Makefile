@@ -52,7 +52,7 @@ lint: setup-dev
 
 # RL ablation (issue 7): didpo vs grpo vs dapo on the same DPO checkpoint, seeds and rollout budget, one DVC
 # experiment each (didpo last, so the workspace ends where it started); the table is printed in Markdown.
-ABLATION_KEEP := '^(Experiment|didpo\.algo|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|response_length/mean|approx_kl/mean|entropy/mean)$$'
+ABLATION_KEEP := '^(Experiment|didpo\.algo|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|groups_trained/mean|reward/did/mean|response_length/mean|approx_kl/mean|entropy/mean)$$'
 ablation: setup
 	for a in grpo dapo didpo; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
 	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
