@@ -18,6 +18,7 @@ from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.evaluate import (
+    CHECKPOINT_NAMES,
     SPLITS,
     comparison_markdown,
     comparison_table,
@@ -33,13 +34,9 @@ from tasks.evaluate import (
 from tasks.io import write_json, write_lines
 from tasks.measure import make_verifier, read_problems
 
-# Checkpoints in pipeline order; a missing one (its stage not run) is skipped.
-CHECKPOINTS = {
-    "base": BASE,
-    "sft": Path("data/checkpoints/sft/merged"),
-    "dpo": Path("data/checkpoints/dpo/merged"),
-    "rl": Path("data/checkpoints/rl/merged"),
-}
+# Checkpoints in pipeline order (the names `evaluate.checkpoints` accepts); a missing one (its stage not run) is
+# skipped. The trained ones are merged exports; the base checkpoint is the base_model stage's folder.
+CHECKPOINTS = {name: Path(f"data/checkpoints/{name}/merged") for name in CHECKPOINT_NAMES} | {"base": BASE}
 HISTORIES = {
     "sft": Path("data/sft/history.json"),
     "dpo": Path("data/dpo/history.json"),
