@@ -58,7 +58,7 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens,
         stop_on_code_block=False,
     )
-    eos = tokenizer.eos_token_id
+    eos_ids = sampling._eos_ids(model, tokenizer)  # the ids both sides stop at (tokenizer + generation config)
     completions = {}
 
     def ours(cfg=config) -> int:
@@ -85,7 +85,7 @@ def main() -> None:
                     pad_token_id=sampling.pad_token_id(tokenizer),
                 )
             for row in out[:, inputs["input_ids"].shape[1] :].tolist():
-                tokens += row.index(eos) + 1 if eos in row else len(row)
+                tokens += next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
         return tokens
 
     best = {}
