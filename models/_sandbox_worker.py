@@ -1,36 +1,40 @@
-"""Sandbox worker behind :class:`models.verifier.Verifier`: isolation, one forked process per program, cleanup.
+"""Sandbox worker behind :class:`models.verifier.Verifier`: isolation, two forked processes per program, cleanup.
 
 The verifier starts one worker per pool slot as ``python -I models/_sandbox_worker.py`` (standard library only; the
-script runs outside the package). A worker sets up its isolation once, then runs jobs read from stdin one at a
-time, each in a fresh forked process running :func:`_sandbox_harness.run_harness`, and writes one JSON verdict
-line per job (the verdict protocol is described in ``_sandbox_harness``).
+script runs outside the package). A worker sets up its isolation once, forks its **zygote** (before any job, so
+before any test reached its memory), then runs jobs read from stdin one at a time: it forks the **test process**
+itself (from its pristine memory) and has the zygote fork the **candidate process**, joined by a socketpair; it
+writes one JSON verdict line per job (the protocol between the two is described in ``_sandbox_harness``).
 
 Isolation, set up once per worker when it runs as root (``Worker.describe`` is the honest report of what is on):
-  * an unused uid claimed with a lock file; every program runs as that uid, with no groups, no capabilities and
-    no-new-privs, so RLIMIT_NPROC binds (it never binds root) and it cannot signal or write anything of the host's;
-  * a pids cgroup (v1 ``pids`` hierarchy or cgroup v2) that the worker joins, capped at max_procs + 1 (the worker),
-    which binds root too;
+  * two unused uids claimed with lock files, one for candidate processes and one for test processes; each runs
+    with no groups, no capabilities and no-new-privs, so RLIMIT_NPROC binds (it never binds root), neither can
+    signal, trace or write anything of the other's or the host's, and the test process is also not dumpable;
+  * a pids cgroup (v1 ``pids`` hierarchy or cgroup v2) with a name no other worker can have (pid + random token)
+    that the worker joins, capped at max_procs + 3 (the worker, its zygote and the test process), which binds root
+    too;
   * new network, mount, IPC and UTS namespaces: no network at all (not even loopback or abstract unix sockets);
     the project, the caller's cwd and home and the virtualenv are covered by empty tmpfs (reference solutions and
     data stay out of reach; programs get the standard library only), as is every folder on the way to the
     interpreter that other users cannot traverse (e.g. a 0700 ``/root`` above a pyenv install), re-exposing only
     the interpreter; /dev holds only null, zero, full, random, urandom and tty; /proc shows a program only its own
     processes (hidepid); every mount is read-only except a private size-capped tmpfs;
-  * a new PID namespace per program: the program is pid 1 of it, cannot see its parent, and when it dies the
-    kernel kills every process it started (double forks and ``setsid`` included) — no orphan survives a run.
-Per program: its own session, rlimits (CPU seconds, address space, file size, open files, processes, no core),
-the scratch tmpfs (emptied after each program) as cwd/HOME/TMPDIR, an environment of four variables, stdio on
-/dev/null, and a wall-clock deadline after which everything is killed.
+  * a new PID namespace per process: each is pid 1 of its own, cannot see the other or its parents, and when it
+    dies the kernel kills every process it started (double forks and ``setsid`` included) — no orphan survives.
+Per process: its own session, rlimits (CPU seconds, address space, file size, open files, processes, no core),
+an environment of four variables, stdio on /dev/null, and a wall-clock deadline after which everything is killed;
+the candidate's cwd, HOME and TMPDIR are the scratch tmpfs (emptied after each program), the test process's cwd is /.
 If no sandbox uid can run the interpreter, programs run as root without capabilities (cgroupfs and procfs then
 read-only for them): reported as degraded. Not root: rlimits, a user+network namespace when the kernel allows
-one, a temporary folder; reported as degraded.
+one, a temporary folder; reported as degraded: programs then run as the caller's uid and can signal the caller's
+processes and open their pipes through /proc (the worker itself is not dumpable, the verifier's parent is).
 """
 
 from __future__ import annotations
 
-import builtins
 import ctypes
 import fcntl
+import functools
 import gc
 import json
 import os
@@ -39,16 +43,35 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import stat
 import sys
 import tempfile
 import time
 
 if __package__:  # imported as models._sandbox_worker (tests)
-    from models._sandbox_harness import assemble, make_reason, make_sanitizer, make_sender, run_harness, transform_test
+    from models._sandbox_harness import (
+        assemble,
+        borrowed_names,
+        make_sender,
+        read_message,
+        run_tests,
+        serve_candidate,
+        transform_test,
+        write_message,
+    )
 else:  # run as a script with -I: the harness sits next to this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _sandbox_harness import assemble, make_reason, make_sanitizer, make_sender, run_harness, transform_test
+    from _sandbox_harness import (
+        assemble,
+        borrowed_names,
+        make_sender,
+        read_message,
+        run_tests,
+        serve_candidate,
+        transform_test,
+        write_message,
+    )
 
     del sys.path[0]  # programs must not import project code
 
@@ -60,7 +83,7 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 _MOUNT_OPTION_FLAGS = {
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -167,16 +190,17 @@ class Worker:
         self.libc = _Libc()
         self.pid = os.getpid()
         self.is_root = os.geteuid() == 0
-        self.uid: int | None = None
-        self.lock_fd: int | None = None
+        self.uid: int | None = None  # the candidate process's uid
+        self.test_uid: int | None = None  # the test process's uid (another one: neither can touch the other)
+        self.lock_fds: list[int] = []
         self.cgroup: str | None = None
         self.cgroup_base: str | None = None
         self.pidns_fd: int | None = None
         self.facts: dict[str, bool | str] = {}
-        self.test_cache: dict[str, tuple[object, int]] = {}
-        self.pristine_builtins = dict(builtins.__dict__)
-        self.sanitize, self.reason = make_sanitizer(), make_reason()
-        self.current: int | None = None
+        self.test_cache: dict[str, tuple[object, int, list[str]]] = {}
+        self.current: list[int] = []
+        self.keep: set[int] = {self.pid}  # never killed by a cleanup: this worker and its zygote
+        self.zygote: tuple[int, socket.socket] | None = None
         self.scratch: str | None = None
         self.nproc = config["max_procs"]
         self.mount_ns = False
@@ -191,7 +215,7 @@ class Worker:
         f = self.facts
         f["running_as_root"] = self.is_root
         if self.is_root:
-            self._claim_uid()
+            self._claim_uids()
         self._make_cgroup()
         f["network_namespace"] = f["mount_namespace"] = f["pid_namespace"] = False
         f["readonly_filesystem"] = f["interpreter_exposed"] = f["minimal_dev"] = f["proc_hidepid"] = False
@@ -254,13 +278,17 @@ class Worker:
             (resource.RLIMIT_CORE, (0, 0)),
         ]
         self._probe()
+        self.libc.prctl(PR_SET_DUMPABLE, 0)  # same-uid processes (the unprivileged fallback) cannot read our fds
+        self._start_zygote()
 
-    def _claim_uid(self) -> None:
-        """Lock an unused uid in [uid_base, uid_base + 4096) so concurrent verifiers never share one."""
+    def _claim_uids(self) -> None:
+        """Lock two unused uids in [uid_base, uid_base + 4096) (candidate, tests) so concurrent verifiers never
+        share one."""
         import pwd
 
         lock_dir = "/tmp/didpo-verifier-uids"
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        claimed = []
         for uid in range(self.cfg["sandbox_uid_base"], self.cfg["sandbox_uid_base"] + 4096):
             try:
                 pwd.getpwuid(uid)
@@ -273,17 +301,24 @@ class Worker:
             except OSError:
                 os.close(fd)
                 continue
-            self.uid, self.lock_fd = uid, fd
-            return
-        raise RuntimeError("no free sandbox uid")
+            claimed.append(uid)
+            self.lock_fds.append(fd)
+            if len(claimed) == 2:
+                self.uid, self.test_uid = claimed
+                return
+        raise RuntimeError("no free sandbox uids")
 
     def _make_cgroup(self) -> None:
-        """Join a pids cgroup (v1 ``pids`` hierarchy, else cgroup v2) capped at max_procs + 1 (this worker).
+        """Join a new pids cgroup (v1 ``pids`` hierarchy, else cgroup v2) capped at max_procs + 3 (this worker,
+        its zygote and the test process).
 
-        Programs are forked from the worker, so they start in it without a per-program attach.
+        Programs are forked from the worker, so they start in it without a per-program attach. The group's name
+        is new to this worker (pid and a random token; created with exclusive mkdir), so no other verifier, in this
+        process or another, can ever hold, reuse or clean up the same group; empty groups a killed worker left
+        behind are removed once they are a minute old.
         """
         self.facts["pids_cgroup"] = False
-        name = f"didpo-verifier-{self.uid if self.uid is not None else self.pid}"
+        name = f"didpo-verifier-{self.pid}-{secrets.token_hex(8)}"
         for base in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
             if base == "/sys/fs/cgroup":
                 try:
@@ -293,11 +328,11 @@ class Worker:
                 except OSError:
                     continue
             path = f"{base}/{name}"
+            _remove_stale_cgroups(base)
             try:
-                os.makedirs(path, exist_ok=True)
-                self._kill_cgroup(path)  # a stale group from a crashed holder of this uid
+                os.mkdir(path)
                 with open(f"{path}/pids.max", "w") as fh:
-                    fh.write(str(self.cfg["max_procs"] + 1))
+                    fh.write(str(self.cfg["max_procs"] + 3))
                 with open(f"{path}/cgroup.procs", "w") as fh:
                     fh.write(str(self.pid))
             except OSError:
@@ -307,10 +342,10 @@ class Worker:
             return
 
     def _kill_cgroup(self, path: str) -> None:
-        """SIGKILL every member of the cgroup but this worker, until none is left (≤ 1 s)."""
+        """SIGKILL every member of the cgroup but this worker and its zygote, until none is left (≤ 1 s)."""
         for _ in range(100):
             with open(f"{path}/cgroup.procs") as fh:
-                pids = [int(p) for p in fh.read().split() if int(p) != self.pid]
+                pids = [int(p) for p in fh.read().split() if int(p) not in self.keep]
             if not pids:
                 return
             for p in pids:
@@ -429,7 +464,7 @@ class Worker:
         if self.uid is not None and not (result or {}).get("import"):
             # The unprivileged uid cannot even start the harness: fall back to root without capabilities.
             self.facts["uid_fallback"] = "sandbox uid could not run the interpreter; running as root"
-            self.uid = None
+            self.uid = self.test_uid = None
             if self.scratch is not None:
                 os.chown(self.scratch, 0, 0)
             result = self._run(program, None, "probe", probe=True)
@@ -451,6 +486,12 @@ class Worker:
         f["process_cap"] = " + ".join(caps) if caps else "none"
         f["scratch"] = f"tmpfs {self.cfg['scratch_mb']} MiB" if self.mount_ns else "temporary directory"
         f["rlimits"] = "cpu, address space, file size, open files, processes, core"
+        f["verdict_process"] = (
+            "separate: tests run in a pristine process of their own uid"
+            if self.test_uid is not None
+            else "separate: tests run in a pristine, non-dumpable process of the same uid"
+        )
+        f["tests_out_of_program_memory"] = self.zygote is not None
         f["bubblewrap"] = (
             "not installed" if shutil.which("bwrap") is None else "installed, unused (namespaces set up directly)"
         )
@@ -473,72 +514,159 @@ class Worker:
             if len(self.test_cache) > 1024:
                 self.test_cache.clear()
             tree, n = transform_test(test)
-            self.test_cache[test] = (compile(tree, "<test>", "exec", dont_inherit=True, optimize=0), n)
-        code, n = self.test_cache[test]
+            code = compile(tree, "<test>", "exec", dont_inherit=True, optimize=0)
+            self.test_cache[test] = (code, n, borrowed_names(tree))
+        code, n, names = self.test_cache[test]
         start = time.monotonic()
-        lines, ended, status, cpu = self._run(job["program"], code, job["entry_point"])
-        if ended == "timeout":
-            why = "timeout"
-        elif status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
-            why = "timeout"
-        elif cpu >= self.cfg["cpu_s"] - 0.05:
+        lines, ended, ends = self._run(job["program"], (code, names), job["entry_point"])
+        xcpu = [st is not None and os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGXCPU for st, _ in ends]
+        if ended == "timeout" or any(xcpu) or any(cpu >= self.cfg["cpu_s"] - 0.05 for _, cpu in ends):
             why = "timeout"
         else:
             why = "crash"
         tests, reason = assemble(n, lines, ended, why)
         return {"id": job["id"], "tests": tests, "reason": reason, "duration_s": time.monotonic() - start}
 
-    def _run(self, program: str, test_code, entry_point: str, probe: bool = False, _exit=os._exit):
-        """Fork the sandboxed child, collect its lines until done/EOF/deadline, kill and reap everything.
+    def _run(self, program: str, test, entry_point: str, probe: bool = False):
+        """Fork the test process, have the zygote fork the candidate process, collect the verdict lines until
+        done/EOF/deadline, kill and reap everything. ``test`` is (compiled test module, borrowed names).
 
-        Returns (lines, ended, wait status, cpu seconds) — or, with ``probe``, the probe's dict or None.
+        Returns (lines, ended, [(wait status, cpu seconds) of the test process, of the candidate process]) — or,
+        with ``probe`` (``program`` defining ``probe()``, run alone as the candidate uid), the probe's dict or None.
         """
         nonce = secrets.token_hex(16)
         self._mount_scratch()
-        if self.pidns_fd is not None:
-            self.libc.setns(self.pidns_fd, CLONE_NEWPID)  # back to our own namespace, then a fresh one
-            self.libc.unshare(CLONE_NEWPID)
-        read_fd, write_fd = os.pipe()
-        gc.freeze()  # the child's collector then leaves the worker's objects alone: far fewer copy-on-write faults
-        pid = os.fork()
-        if pid == 0:  # ---------------- child: becomes the sandboxed program
-            status = 1
-            try:
-                self._enter_sandbox(write_fd)
-                send = make_sender(3, nonce)
-                if probe:
+        verdict_r, verdict_w = os.pipe()
+        tests_end, candidate_end = socket.socketpair()
+        candidate = None
+        try:
+            if probe:
+
+                def probe_body():
                     ns: dict = {}
                     exec(compile(program, "<probe>", "exec"), ns)
                     os.write(3, json.dumps(ns["probe"]()).encode())
-                else:
-                    run_harness(
-                        program, test_code, entry_point, send, self.pristine_builtins, self.sanitize, self.reason
-                    )
-                status = 0
-            except BaseException:
-                pass
-            finally:
-                _exit(status)
-        self.current = pid
-        os.close(write_fd)
+
+                self.current.append(self._spawn(self.uid, [verdict_w], probe_body, self.scratch))
+            else:
+                code, names = test
+
+                def tests():
+                    run_tests(code, entry_point, names, make_sender(3, nonce), 4)
+
+                # The test process first: a fork bomb of the candidate's cannot keep it from starting.
+                self.current.append(self._spawn(self.test_uid, [verdict_w, tests_end.fileno()], tests, "/", True))
+                job = {"program": program, "entry_point": entry_point, "names": names, "cwd": self.scratch}
+                candidate = self._zygote_call(job, candidate_end.fileno())
+        finally:
+            os.close(verdict_w)
+            tests_end.close()
+            candidate_end.close()
         try:
             deadline = time.monotonic() + (10.0 if probe else self.cfg["timeout_s"])
-            data, ended = self._collect(read_fd, deadline, nonce if not probe else None)
+            data, ended = self._collect(verdict_r, deadline, nonce if not probe else None)
         finally:
-            os.close(read_fd)
-            status, cpu = self._kill_and_reap(pid)
-            self.current = None
+            os.close(verdict_r)
+            ends = [self._zygote_call({"kill": True})] if candidate is not None else []
+            ends = self._kill_and_reap(self.current) + ends
+            self.current = []
             self._clean_scratch()
         if probe:
             try:
-                return json.loads(data) if status == 0 else None
+                return json.loads(data) if ends[0][0] == 0 else None
             except ValueError:
                 return None
         prefix = nonce + " "
         lines = [ln[len(prefix) :] if ln.startswith(prefix) else None for ln in data.split("\n")[:-1]]
         if data and not data.endswith("\n"):
             lines.append(None)
-        return lines, ended, status, cpu
+        return lines, ended, ends
+
+    # ---- the zygote: forks candidate processes from a memory that never held a test ----------------------
+    def _start_zygote(self) -> None:
+        """Fork the zygote now, before any job (hence any test) has reached this worker.
+
+        A candidate process forked from the worker would inherit a copy of its memory: the compiled tests and their
+        expected values, readable through frames, ``gc`` or ``/proc/self/mem``. Forked from the zygote, it holds
+        only this worker's configuration and the programs it is sent.
+        """
+        ours, theirs = socket.socketpair()
+        if self.pidns_fd is not None:  # the zygote lives in our own PID namespace, not in the probe's
+            self.libc.setns(self.pidns_fd, CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            try:
+                self._zygote_serve(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.zygote = (pid, ours)
+        self.keep.add(pid)
+
+    def _zygote_serve(self, sock: socket.socket) -> None:
+        """The zygote's loop: (socket end + job) → fork the candidate process; ``kill`` → kill, reap, report."""
+        worker_pid, self.pid = self.pid, os.getpid()
+        self.keep = {worker_pid, self.pid}
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for fd in (self.proto_in, self.proto_out, self.wakeup_r):
+            os.close(fd)
+        self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != worker_pid:
+            return
+        if self.pidns_fd is None:  # orphans of a candidate come back to the zygote, for _sweep to kill
+            self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+        fd = sock.fileno()
+        while True:
+            _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+            job = read_message(fd) if fds else None
+            if job is None:
+                return
+            body = functools.partial(serve_candidate, job["program"], job["entry_point"], job["names"], 3)
+            self.current = [self._spawn(self.uid, fds, body, job["cwd"])]
+            os.close(fds[0])
+            if read_message(fd) is None:
+                return
+            write_message(fd, self._kill_and_reap(self.current)[0])
+            self.current = []
+
+    def _zygote_call(self, message: dict, channel: int | None = None):
+        """Send the zygote a job (with the candidate's end of the channel) or ``kill`` (returns the candidate
+        process's (wait status, cpu seconds)). A dead zygote stops this worker: the parent replaces it."""
+        _, sock = self.zygote
+        try:
+            if channel is not None:
+                socket.send_fds(sock, [b"J"], [channel])
+            write_message(sock.fileno(), message)
+            if channel is not None:
+                return True
+            reply = read_message(sock.fileno())
+        except OSError:
+            raise _Stop() from None
+        if reply is None:
+            raise _Stop()
+        return tuple(reply)
+
+    def _spawn(self, uid: int | None, fds: list[int], body, cwd: str, undumpable: bool = False) -> int:
+        """Fork one sandboxed process (pid 1 of a fresh PID namespace when available) that runs ``body()`` with
+        ``fds`` as its fds 3, 4, ...; returns its pid. The child exits 0 when ``body`` returns, else 1."""
+        if self.pidns_fd is not None:
+            self.libc.setns(self.pidns_fd, CLONE_NEWPID)  # back to our own namespace, then a fresh one
+            self.libc.unshare(CLONE_NEWPID)
+        gc.freeze()  # the child's collector then leaves our objects alone: far fewer copy-on-write faults
+        pid = os.fork()
+        if pid == 0:  # ---------------- child
+            status = 1
+            try:
+                self._enter_sandbox(fds, uid, cwd, undumpable)
+                body()
+                status = 0
+            except BaseException:
+                pass
+            finally:
+                os._exit(status)
+        return pid
 
     def _mount_scratch(self) -> None:
         """The program's private tmpfs (mounted once per worker, emptied after each program)."""
@@ -570,26 +698,29 @@ class Worker:
             self.libc.umount(self.scratch)
             self.scratch = None
 
-    def _enter_sandbox(self, write_fd: int) -> None:
-        """In the child, as root: own session, cgroup, cwd, fds, rlimits, environment, then drop privileges."""
+    def _enter_sandbox(self, fds: list[int], uid: int | None, cwd: str, undumpable: bool) -> None:
+        """In the child, as root: own session, cwd, fds (``fds`` become 3, 4, ...; nothing else stays open),
+        rlimits, environment, then drop privileges to ``uid`` (root without capabilities when None)."""
         os.setsid()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        os.chdir(self.scratch)
+        os.chdir(cwd)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        os.dup2(write_fd, 3)
-        os.closerange(4, self.max_fd)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3 + len(fds) + 256) for fd in fds]  # above every target
+        for i, fd in enumerate(high):
+            os.dup2(fd, 3 + i)
+        os.closerange(3 + len(fds), self.max_fd)
         for which, value in self.rlimits:
             resource.setrlimit(which, value)
         if not self.mount_ns:  # the scratch folder differs per program
             os.environ.clear()
             os.environ.update(_environment(self.scratch))
             tempfile.tempdir = None
-        if self.uid is not None:
-            u = self.uid
+        if uid is not None:
+            u = uid
             os.setgroups([])
             os.setresgid(u, u, u)
             os.setresuid(u, u, u)
@@ -602,6 +733,8 @@ class Worker:
                     if fstype in ("proc", "cgroup", "cgroup2") and "ro" not in options:
                         self.libc.mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _flags(options), None)
             self.libc.drop_capabilities()
+        if undumpable:  # no ptrace, no /proc/<pid>/mem, no core even for a process of the same uid
+            self.libc.prctl(PR_SET_DUMPABLE, 0)
         self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if self.pidns_fd is None and os.getppid() != self.pid:
             raise RuntimeError("worker died")
@@ -632,29 +765,38 @@ class Worker:
                 if done_marker is not None and buf.endswith(done_marker):
                     return buf.decode("utf-8", "replace"), "done"
 
-    def _kill_and_reap(self, pid: int) -> tuple[int | None, float]:
-        """SIGKILL the run (its PID namespace goes with it) and reap; returns (wait status, cpu seconds)."""
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-            except ProcessLookupError:
-                pass
+    def _kill_and_reap(self, pids: list[int]) -> list[tuple[int | None, float]]:
+        """SIGKILL the run's processes (a PID namespace goes with its pid 1) and reap them; returns
+        [(wait status, cpu seconds)] in the order of ``pids``."""
+        for pid in pids:
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         if self.pidns_fd is not None:
-            _, status, usage = os.wait4(pid, 0)
-            return status, usage.ru_utime + usage.ru_stime
-        return self._sweep(pid)
+            ends = []
+            for pid in pids:
+                _, status, usage = os.wait4(pid, 0)
+                ends.append((status, usage.ru_utime + usage.ru_stime))
+            return ends
+        return self._sweep(pids)
 
-    def _sweep(self, pid: int) -> tuple[int | None, float]:
-        """Without a PID namespace: kill the group, the cgroup and our direct children until none is left."""
-        status, cpu, deadline = None, 0.0, time.monotonic() + 5.0
+    def _sweep(self, pids: list[int]) -> list[tuple[int | None, float]]:
+        """Without a PID namespace: kill the groups, the cgroup and our direct children until none is left."""
+        ends: dict[int, tuple[int | None, float]] = {}
+        deadline = time.monotonic() + 5.0
         while True:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             if self.cgroup:
                 self._kill_cgroup(self.cgroup)
             for child in _children(self.pid):
+                if child in self.keep:
+                    continue
                 try:
                     os.kill(child, signal.SIGKILL)
                 except ProcessLookupError:
@@ -664,20 +806,29 @@ class Worker:
                     got, st, usage = os.wait4(-1, os.WNOHANG)
                     if got == 0:
                         break
-                    if got == pid:
-                        status, cpu = st, usage.ru_utime + usage.ru_stime
+                    if got in pids:
+                        ends[got] = (st, usage.ru_utime + usage.ru_stime)
             except ChildProcessError:
-                return status, cpu
+                return [ends.get(pid, (None, 0.0)) for pid in pids]
             if time.monotonic() > deadline:
                 print("didpo sandbox: processes survived the cleanup", file=sys.stderr)
-                return status, cpu
+                return [ends.get(pid, (None, 0.0)) for pid in pids]
             time.sleep(0.002)
 
     def close(self) -> None:
         """Kill any running program and remove the cgroup (called on every way out)."""
-        if self.current is not None:
+        if self.zygote is not None:  # its candidate process dies with it (parent-death signal, PID namespace)
+            pid, sock = self.zygote
+            self.zygote = None
+            sock.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        if self.current:
             self._kill_and_reap(self.current)
-            self.current = None
+            self.current = []
         self._clean_scratch()
         if self.cgroup:
             try:
@@ -760,6 +911,26 @@ def _user_tasks(uid: int) -> int:
         if int(fields["Uid"].split()[0]) == uid:
             total += int(fields["Threads"])
     return total
+
+
+def _remove_stale_cgroups(base: str, min_age_s: float = 60.0) -> None:
+    """Remove empty ``didpo-verifier-*`` groups under ``base`` older than ``min_age_s`` (left by killed workers).
+
+    rmdir fails on a group with a member, so a live worker's group (it holds the worker) is never removed; the age
+    keeps a group another worker has just created, and not yet joined, out of reach.
+    """
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.startswith("didpo-verifier-"):
+            path = f"{base}/{entry}"
+            try:
+                if time.time() - os.stat(path).st_mtime > min_age_s:
+                    os.rmdir(path)
+            except OSError:
+                pass
 
 
 def _children(parent: int) -> list[int]:

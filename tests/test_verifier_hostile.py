@@ -482,6 +482,269 @@ def test_correct_program_under_the_same_test_passes(verifier):
     assert verifier.check("def f(x):\n    return x + 1\n", CHECK_F, "f").passed
 
 
+# ---------------------------------------------------------------- forging the verdict from inside the program
+# Each of these reaches for the verdict channel or the tests through the program's own interpreter. On the
+# single-process harness (main at 9a8562d) frames, gc, traceback, test constants, test source in memory and
+# shadowed builtins each forged a full PASS (outcome reward 1.0). The expected value below appears nowhere in the
+# programs, so only reading the tests or forging the verdict passes.
+
+CHECK_SECRET = (
+    "def check(candidate):\n    assert candidate(1234567) == 7654321\n    assert candidate(1234567) == 7654321\n"
+)
+CHECK_BUILTINS = "def check(candidate):\n    assert abs(candidate(1)) == 2\n    assert len([candidate(2)]) == 3\n"
+
+FORGERIES = {
+    # walk the call stack up to whoever called us, find a verdict writer and report every case as passed
+    "frames": """
+import sys, os
+def f(x):
+    frame = sys._getframe(1)
+    while frame is not None:
+        for name, value in list(frame.f_locals.items()):
+            if callable(value) and name in ("send", "record"):
+                send = value if name == "send" else None
+                if send is not None:
+                    for line in ("0 ok", "1 ok", "done"):
+                        send(line)
+                    os._exit(0)
+                value(0, None); value(1, None)
+        frame = frame.f_back
+    return 0
+""",
+    # the same through the garbage collector: every function object in the interpreter
+    "gc": """
+import gc, os, types
+def f(x):
+    for obj in gc.get_objects():
+        if isinstance(obj, types.FunctionType) and obj.__name__ == "send" and obj.__code__.co_argcount == 1:
+            for line in ("0 ok", "1 ok", "done"):
+                obj(line)
+            os._exit(0)
+    return 0
+""",
+    # and through an exception's traceback frames (no sys._getframe, no gc)
+    "traceback": """
+import os
+def f(x):
+    try:
+        raise ValueError
+    except ValueError as exc:
+        frame = exc.__traceback__.tb_frame
+    while frame is not None:
+        send = frame.f_locals.get("send")
+        if callable(send):
+            for line in ("0 ok", "1 ok", "done"):
+                send(line)
+            os._exit(0)
+        frame = frame.f_back
+    return 0
+""",
+    # read the expected value out of the compiled tests held anywhere in this process (frames, gc, modules)
+    "test constants in objects": """
+import gc, sys, types
+def _codes():
+    frame = sys._getframe()
+    while frame is not None:
+        yield frame.f_code
+        for v in list(frame.f_locals.values()):
+            yield v
+            if isinstance(v, (tuple, list)):
+                yield from v
+            if hasattr(v, "__dict__"):
+                for w in list(vars(v).values()):
+                    yield w
+                    if isinstance(w, dict):
+                        for u in list(w.values()):
+                            yield u
+                            if isinstance(u, tuple):
+                                yield from u
+        frame = frame.f_back
+    for obj in gc.get_objects():
+        yield obj
+def _expected(arg):
+    stack = [c for c in _codes() if isinstance(c, types.CodeType)]
+    while stack:
+        code = stack.pop()
+        consts = code.co_consts
+        if arg in consts:
+            i = consts.index(arg)
+            rest = [c for c in consts[i + 1:] if type(c) is int]
+            if rest:
+                return rest[0]
+        stack.extend(c for c in consts if isinstance(c, types.CodeType))
+    return None
+def f(x):
+    return _expected(x)
+""",
+    # and as raw bytes anywhere in this process's address space (the test's source text)
+    "test source in memory": """
+import ctypes, re
+NEEDLE = ("assert candidate(" + "1234567" + ") == ").encode()
+def f(x):
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self/mem readable again
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    with open("/proc/self/mem", "rb", 0) as mem:
+        for fields in regions:
+            if not fields[1].startswith("r"):
+                continue
+            lo, hi = (int(a, 16) for a in fields[0].split("-"))
+            try:
+                mem.seek(lo)
+                chunk = mem.read(hi - lo)
+            except (OSError, OverflowError, ValueError):
+                continue
+            for m in re.finditer(re.escape(NEEDLE) + rb"(\\d+)", chunk):
+                return int(m.group(1))
+    return -1
+""",
+    # signals: stop every process we can see, kill -1, SIGKILL/SIGSTOP by pid
+    "signals": """
+import os, signal
+def f(x):
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        try:
+            os.kill(-1, sig)
+        except OSError:
+            pass
+    for pid in range(1, 5000):
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+    return 0
+""",
+    # inherited file descriptors: write forged verdict lines (with any nonce it can find) to every fd, and to
+    # every other process's fds through /proc
+    "inherited fds": """
+import os, re
+def f(x):
+    lines = [b"loaded\\n", b"0 ok\\n", b"1 ok\\n", b"done\\n"]
+    targets = list(range(0, 256))
+    for fd in targets:
+        for line in lines:
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    try:
+                        w = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+                        for line in lines:
+                            os.write(w, line)
+                        os.close(w)
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+    return 0
+""",
+    # shadow the builtins the tests use, and patch the modules they import
+    "shadowed builtins": "def abs(x):\n    return 2\nlen = lambda x: 3\ndef f(x):\n    return 0\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forged_verdicts_fail(verifier, name):
+    workers = verifier.worker_pids
+    test = CHECK_BUILTINS if name == "shadowed builtins" else CHECK_SECRET
+    v = verifier.check(FORGERIES[name], test, "f")
+    assert not v.passed and v.n_passed == 0, (name, v)
+    assert v.reason != "sandbox_error", (name, v)
+    assert verifier.worker_pids == workers
+
+
+def test_honest_programs_pass_the_forgery_checks(verifier):
+    # controls: the same checks pass honest programs, so the failures above are the sandbox holding
+    assert verifier.check("def f(x):\n    return 7654321\n", CHECK_SECRET, "f").passed
+    assert verifier.check("def f(x):\n    return -2 if x == 1 else 0\n", CHECK_BUILTINS, "f").n_passed == 1
+
+
+def test_tests_see_pristine_builtins_and_modules(verifier):
+    """A wrong HumanEval-style answer that redefines what the tests call gains nothing: HumanEval/2's test calls
+    ``abs``; here the program also patches ``math`` and ``builtins`` at import and the test uses both."""
+    program = (
+        "import builtins, math\nbuiltins.abs = lambda v: 0\nmath.isclose = lambda *a, **k: True\n"
+        "builtins.round = lambda *a: 1.5\ndef abs(v):\n    return 0\ndef f(x):\n    return x\n"
+    )
+    test = (
+        "import math\ndef check(candidate):\n    assert abs(candidate(3.5) - 0.5) < 1e-6\n"
+        "    assert math.isclose(candidate(1.0), 2.0)\n    assert round(candidate(2.0)) == 1.5\n"
+    )
+    v = verifier.check(program, test, "f")
+    assert v.n_passed == 0 and v.n_tests == 3, v
+    assert verifier.check("def f(x):\n    return x - 3.0\n", test, "f").n_passed == 1  # control: honest abs
+
+
+def test_a_dead_program_cannot_pass_through_a_bare_except(verifier):
+    """A test that swallows every exception around a call must still fail a program that kills itself there."""
+    test = (
+        "def check(candidate):\n    try:\n        candidate(None)\n    except:\n        pass\n    assert True == True\n"
+    )
+    for program in (
+        "import os\ndef f(x):\n    os._exit(0)\n",
+        "import ctypes\ndef f(x):\n    ctypes.string_at(0)\n",  # a segfault
+    ):
+        v = verifier.check(program, test, "f")
+        assert not v.passed and v.n_passed == 0 and v.reason == "crash", v
+    assert verifier.check("def f(x):\n    raise TypeError\n", test, "f").passed  # control: exceptions are caught
+
+
+def test_two_verifiers_never_kill_each_other(verifier):
+    """A's worker dies and its uids are free again; B claims them. A's cleanup of its dead worker must not touch
+    B's worker (on 9a8562d the cgroup was named after the uid, and A's cleanup SIGKILLed B's new worker)."""
+    config = VerifierConfig(workers=1, timeout_s=TIMEOUT_S, cpu_s=2, sandbox_uid_base=2_700_000)
+    a = Verifier(config)
+    try:
+        victim = a.worker_pids[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{victim}/status") and "zombie" not in open(f"/proc/{victim}/status").read():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with Verifier(config) as b:
+            assert set(b.sandbox_uids) & {2_700_000}  # B got the dead worker's uid
+            survivor = b.worker_pids
+            a.close()  # A cleans up after its dead worker
+            assert b.worker_pids == survivor and all(os.path.exists(f"/proc/{p}") for p in survivor)
+            v = b.check("def f(x):\n    return x + 1\n", CHECK_F, "f")
+            assert v.passed, v
+            assert b.worker_pids == survivor
+    finally:
+        a.close()
+
+
+def test_concurrent_verifiers_replacing_workers_do_not_interfere():
+    """Two pools on the same uid range, each losing workers to timeouts-turned-hangs: no foreign sandbox_error."""
+    config = VerifierConfig(workers=2, timeout_s=TIMEOUT_S, cpu_s=2, sandbox_uid_base=2_600_000)
+    with Verifier(config) as a, Verifier(config) as b:
+        jobs = [("def f(x):\n    return x + 1\n", CHECK_F, "f")] * 20
+        results = {}
+
+        def run(name, v):
+            for _ in range(3):
+                victim = v.worker_pids[0]
+                killer = threading.Timer(0.05, os.kill, (victim, signal.SIGKILL))
+                killer.start()
+                results.setdefault(name, []).extend(v.check_many(jobs))
+                killer.join()
+
+        threads = [threading.Thread(target=run, args=(n, v)) for n, v in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for name in ("a", "b"):
+            reasons = [r.reason for r in results[name]]
+            # at most the job each killed worker had in flight (3 kills per pool)
+            assert reasons.count("sandbox_error") <= 3, (name, reasons)
+            assert reasons.count("ok") >= len(reasons) - 3, (name, reasons)
+
+
 # ---------------------------------------------------------------- the parent is interrupted
 
 
@@ -519,7 +782,7 @@ sys.path.insert(0, {models!r})
 import _sandbox_worker as h
 
 class RootWorker(h.Worker):
-    def _claim_uid(self):  # as if no uid could be used: programs stay root, without capabilities
+    def _claim_uids(self):  # as if no uid could be used: programs stay root, without capabilities
         pass
 
 h.main(RootWorker)
