@@ -150,7 +150,8 @@ def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_q
 
 @task(cache_policy=NO_CACHE)
 def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
-    """Human preference-pair contract (chosen ≠ rejected, non-empty)."""
+    """Human preference-pair contract (chosen ≠ rejected, non-empty); PII and secrets scrubbed as for the logs."""
+    from tasks.pii import scrub_text
     from tasks.validate import validate_pairs
 
     return validate_pairs(
@@ -159,4 +160,5 @@ def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_
         out_quarantine,
         max_bad_row_rate=cfg.max_bad_row_rate_pairs,
         max_text_chars=cfg.max_text_chars,
+        redact=scrub_text,
     )

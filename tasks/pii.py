@@ -10,8 +10,8 @@ Placeholders and what they replace:
 
 - ``<SECRET>``: PEM private-key blocks, JWTs, the ``user:password`` part of URLs, vendor API keys
   (OpenAI ``sk-``, GitHub ``ghp_``/``github_pat_``, AWS ``AKIA``/``ASIA``, Slack ``xox?-``, Google
-  ``AIza``, GitLab ``glpat-``, Stripe ``sk_live_``) and the value after ``api_key=`` / ``token:`` /
-  ``password=``-style keys;
+  ``AIza``, GitLab ``glpat-``, Stripe ``sk_live_``, Hugging Face ``hf_``), the token after ``Bearer``
+  (16+ characters with a digit) and the value after ``api_key=`` / ``token:`` / ``password=``-style keys;
 - ``<EMAIL>``: e-mail addresses;
 - ``<HOST>``: internal host names (``*.internal``, ``*.corp``, ``*.local``, ``*.lan``,
   ``*.intranet``, ``*.localdomain``);
@@ -28,10 +28,15 @@ The rules are tuned for texts that mix prose and Python: a keyed secret must be 
 ``token = tokens[0]`` is kept; names are taken only from line-leading fields, so a ``name: str``
 annotation in a signature is kept. Regex scrubbing is a floor, not a guarantee: names in free prose
 are not detected.
+
+Identifiers (user and session ids, ...) must stay usable as keys, so a placeholder would merge every
+user whose id is an e-mail: :func:`pseudonym` replaces such an identifier with a stable opaque one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import re
 from collections.abc import Callable
@@ -93,6 +98,11 @@ _SECRET_NAME = re.compile(
 )
 
 
+def _bearer_repl(m: re.Match[str]) -> str:
+    # Like an unquoted keyed secret, the token must have a digit: prose ("the bearer of good news") is kept.
+    return f"{m.group(1)}<SECRET>" if any(ch.isdigit() for ch in m.group(2)) else m.group(0)
+
+
 def _keyed_secret_repl(m: re.Match[str]) -> str:
     name, sep, quote, quoted, bare = m.group(1, 2, 3, 4, 5)
     if not _SECRET_NAME.search(name):
@@ -132,11 +142,17 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}"
             r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
-            r"|glpat-[A-Za-z0-9_-]{20,}|(?:sk|rk|pk)_live_[A-Za-z0-9]{16,})",
+            r"|glpat-[A-Za-z0-9_-]{20,}|(?:sk|rk|pk)_live_[A-Za-z0-9]{16,}|hf_[A-Za-z0-9]{30,})",
             _A,
         ),
         "<SECRET>",
-        r"(?:sk-|gh[pousr]_|github_pat_|AKIA|ASIA|xox[abposr]-|AIza|glpat-|_live_)[A-Za-z0-9_-]{10}",
+        r"(?:sk-|gh[pousr]_|github_pat_|AKIA|ASIA|xox[abposr]-|AIza|glpat-|_live_|hf_)[A-Za-z0-9_-]{10}",
+    ),
+    Rule(
+        "bearer",
+        re.compile(r"\b((?i:bearer)[ \t]+)([A-Za-z0-9._~+/-]{16,}=*)", _A),
+        _bearer_repl,
+        r"(?i)bearer[ \t]+[A-Za-z0-9._~+/-]{16}",
     ),
     Rule(
         "keyed_secret",
@@ -212,6 +228,24 @@ PLACEHOLDERS: tuple[str, ...] = (
     "<PHONE>",
     "<NAME>",
 )
+
+
+PSEUDONYM_KEY = b"didpo-pipeline/pseudonym/v1"
+"""The default HMAC key of :func:`pseudonym`. It is public (it is in the code): see :func:`pseudonym`."""
+
+
+def pseudonym(value: str, prefix: str, key: bytes = PSEUDONYM_KEY) -> str:
+    """A stable, opaque stand-in for the identifier ``value``: ``prefix`` + the first 16 hex digits of
+    HMAC-SHA256(``key``, ``value``), e.g. ``pseudonym("maria@example.com", "user-")`` -> ``user-`` + 16 hex.
+
+    Deterministic: the same value gets the same pseudonym in every row and every run (per-user statistics
+    keep working, DVC outputs stay reproducible); distinct values get distinct ones (64 bits: a collision is
+    unlikely below ~10^8 distinct ids). The value is hashed exactly as given (``Maria@x.com`` and
+    ``maria@x.com`` are two users, as they were two ids). No rule of :data:`RULES` matches a pseudonym.
+    With the public default key, whoever can guess a value (an e-mail address) can hash it and recognise its
+    pseudonym; pass a secret ``key`` where that matters.
+    """
+    return prefix + hmac.new(key, value.encode("utf-8"), hashlib.sha256).hexdigest()[:16]
 
 
 def scrub_text(text: str) -> str:

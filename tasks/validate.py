@@ -25,6 +25,18 @@ nothing), ``task_id_unique`` and ``solution_passes_tests`` (duplicate ids or a b
 the problem source itself is broken). :func:`ensure_passed` raises :class:`ValidationFailed`; call it after
 :func:`write_report`, so the report that explains the failure is on disk.
 
+What is written (feedback logs and preference pairs; problems are code and are written as they are):
+
+- fields that are neither in the dataset's schema (:mod:`tasks.schema`) nor named by its suite are dropped from
+  valid rows and from quarantine records, and counted per field name in ``DatasetReport.dropped_fields``;
+- with a ``redact`` scrubber (the stage passes :func:`tasks.pii.scrub_text`), every string of a row (nested ones
+  too) is scrubbed before it is written, in valid rows and quarantine records alike, and so are the reasons, notes
+  and dropped field names. Identifiers (``event_id``, ``user_id``, ``session_id``; ``annotator``) are keys for
+  the mine stage, so one that the scrubber would change (an e-mail as ``user_id``) is replaced whole by its
+  :func:`tasks.pii.pseudonym` (``user-`` + 16 hex digits of an HMAC-SHA256): the same e-mail gets the same id in
+  every row, two e-mails two ids; identifiers without PII are kept as they are. A line that did not parse is
+  scrubbed as text.
+
 GX is imported lazily (it takes seconds) with telemetry off (``GX_ANALYTICS_ENABLED=False`` unless set);
 one ephemeral context is shared by the process. It is not thread-safe: validate datasets one after another.
 """
@@ -34,8 +46,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +69,12 @@ HELD_OUT_SPLITS = frozenset({"val", "test", "humaneval"})
 # The fields of each dataset (data/README.md, DESIGN.md); always frame columns (null where absent).
 FIELDS = {"problems": PROBLEM_FIELDS, "feedback_logs": EVENT_FIELDS, "preference_pairs": PAIR_FIELDS}
 DERIVED = {"problems": ("_no_train_leakage", "_solution_passes"), "feedback_logs": (), "preference_pairs": ()}
+# Identifier fields (kept usable as keys: a PII-bearing one becomes a pseudonym with this prefix) of the datasets
+# whose unknown fields are dropped and whose strings are scrubbed (see the module docstring).
+IDENTIFIERS = {
+    "feedback_logs": {"event_id": "event-", "user_id": "user-", "session_id": "session-"},
+    "preference_pairs": {"annotator": "annotator-"},
+}
 
 # Expectations deciding whether a value is there with the right type: they run first (the "schema pass").
 SCHEMA_TYPES = frozenset(
@@ -87,6 +106,7 @@ class DatasetReport:
     critical expectations that failed. skipped: expectations not run (e.g. no ``check_solutions`` hook).
     notes: human-readable lines about dataset-level failures and expectations that raised.
     passed: no critical failure and bad_row_rate <= max_bad_row_rate.
+    dropped_fields: rows (valid or quarantined) per unknown field name that was dropped before writing.
     """
 
     name: str
@@ -102,6 +122,7 @@ class DatasetReport:
     skipped: tuple[str, ...]
     notes: tuple[str, ...]
     passed: bool
+    dropped_fields: dict[str, int] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
         """Why this dataset failed, one readable line per reason (empty when it passed)."""
@@ -269,8 +290,9 @@ def _fill(description: str, parameters: dict[str, Any]) -> str:
     return description
 
 
-def _detail(etype: str, kwargs: dict[str, Any], value: Any, present: bool) -> str:
-    """What was wrong with the value, in a few words (the reason's parenthesis)."""
+def _detail(etype: str, kwargs: dict[str, Any], value: Any, present: bool, redact: Redact | None = None) -> str:
+    """What was wrong with the value, in a few words (the reason's parenthesis); a quoted string is passed
+    through ``redact`` before it is shortened (a cut-off e-mail would no longer be recognised)."""
     if etype == "expect_column_values_to_not_be_null":
         return "null" if present else "missing"
     if etype in SCHEMA_TYPES:
@@ -281,6 +303,8 @@ def _detail(etype: str, kwargs: dict[str, Any], value: Any, present: bool) -> st
         return str(value)
     if "column" not in kwargs:
         return ""
+    if redact is not None and isinstance(value, str):
+        value = redact(value)
     return f"got {_short(value)}"
 
 
@@ -299,8 +323,9 @@ def _exception_message(info: Any) -> str | None:
 class _Findings:
     """Collects, across passes, every (expectation, reason) of every bad row and each outcome."""
 
-    def __init__(self, order: dict[str, int]):
+    def __init__(self, order: dict[str, int], redact: Redact | None = None):
         self.order = order
+        self.redact = redact
         self.rows: dict[int, list[tuple[int, str, str]]] = {}
         self.failures: dict[str, int] = dict.fromkeys([*PARSE_CHECKS, *order], 0)
         self.critical: list[str] = []
@@ -347,7 +372,7 @@ class _Findings:
                 else:
                     value = values[0] if len(cols) == 1 else None
                     present = len(cols) != 1 or cols[0] in rows[line]
-                    detail = _detail(etype, kwargs, value, present)
+                    detail = _detail(etype, kwargs, value, present, self.redact)
                 self.flag(line, name, f"{description} ({detail})" if detail else description)
                 if len(cols) == 1:
                     flagged.setdefault(cols[0], []).append(line)
@@ -369,50 +394,73 @@ def _frame(rows: dict[int, dict], columns: Iterable[str]) -> pd.DataFrame:
     )
 
 
-def _quarantine_record(
-    source: str, line: JsonlLine, reasons: list[tuple[int, str, str]], redact: Redact | None = None
-) -> str:
+@dataclass(frozen=True)
+class _Writer:
+    """What a parsed row becomes when it is written (a valid row, or the ``raw`` of a quarantine record).
+
+    keep: the fields kept (None: all). ids: identifier field -> pseudonym prefix. redact: the text scrubber (None:
+    strings are written as they are). A line that changes in none of these ways is written verbatim.
+    """
+
+    keep: frozenset[str] | None = None
+    ids: Mapping[str, str] = field(default_factory=dict)
+    redact: Redact | None = None
+
+    def scrub(self, text: str) -> str:
+        return text if self.redact is None else self.redact(text)
+
+    def row(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """``obj`` without the unknown fields; identifiers with PII pseudonymised, every other string scrubbed."""
+        out = {k: v for k, v in obj.items() if self.keep is None or k in self.keep}
+        if self.redact is None:
+            return out
+        from tasks.pii import pseudonym
+
+        for k, v in out.items():
+            if k in self.ids and isinstance(v, str):
+                out[k] = v if self.redact(v) == v else pseudonym(v, self.ids[k])
+            else:
+                out[k] = _redact_values(v, self.redact)
+        return out
+
+    def text(self, line: JsonlLine) -> str:
+        if line.obj is None:  # JSON escapes (``\\n``) would hide word boundaries from the scrubber
+            return line.text if self.redact is None else self.redact(line.text.replace("\\n", "\n"))
+        if self.redact is None and (self.keep is None or self.keep.issuperset(line.obj)):
+            return line.text
+        return json.dumps(self.row(line.obj), ensure_ascii=False)
+
+    def dropped(self, rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+        """Rows per unknown field name (the names scrubbed too), sorted by name."""
+        if self.keep is None:
+            return {}
+        counts = Counter(self.scrub(k) for obj in rows for k in obj if k not in self.keep)
+        return dict(sorted(counts.items()))
+
+
+def _quarantine_record(source: str, line: JsonlLine, reasons: list[tuple[int, str, str]], writer: _Writer) -> str:
     reasons = sorted(reasons)
-    reason = "; ".join(reason for _, _, reason in reasons)
-    raw = line.text
-    if redact is not None:  # reasons quote offending values, so they are scrubbed too
-        reason = redact(reason)
-        if line.obj is not None:  # scrub the decoded strings: JSON escapes (``\\n``) would hide word boundaries
-            raw = json.dumps(_redact_values(line.obj, redact), ensure_ascii=False)
-        else:
-            raw = redact(raw.replace("\\n", "\n"))
     record = {
         "source": source,
         "line": line.line,
         "expectation": reasons[0][1],
         "expectations": [name for _, name, _ in reasons],
-        "reason": reason,
-        "raw": raw[:RAW_CHARS],
+        "reason": writer.scrub("; ".join(reason for _, _, reason in reasons)),  # reasons may quote values
+        "raw": writer.text(line)[:RAW_CHARS],
         "raw_chars": len(line.text),
     }
     return json.dumps(record, ensure_ascii=False)
 
 
 def _redact_values(obj: Any, redact: Redact) -> Any:
-    """``obj`` with every string inside it (keys kept) passed through ``redact``."""
+    """``obj`` with every string inside it, the keys of nested objects included, passed through ``redact``."""
     if isinstance(obj, str):
         return redact(obj)
     if isinstance(obj, dict):
-        return {k: _redact_values(v, redact) for k, v in obj.items()}
+        return {redact(k): _redact_values(v, redact) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_redact_values(v, redact) for v in obj]
     return obj
-
-
-def _valid_text(line: JsonlLine, redact: Redact | None, fields: Sequence[str]) -> str:
-    """A valid line as written out: verbatim, or with its free-text ``fields`` scrubbed by ``redact``."""
-    if redact is None:
-        return line.text
-    obj = dict(line.obj or {})
-    for name in fields:
-        if isinstance(obj.get(name), str):
-            obj[name] = redact(obj[name])
-    return json.dumps(obj, ensure_ascii=False)
 
 
 def _validate(
@@ -425,11 +473,11 @@ def _validate(
     parameters: dict[str, Any],
     check_solutions: SolutionCheck | None = None,
     redact: Redact | None = None,
-    redact_fields: Sequence[str] = (),
 ) -> DatasetReport:
     suite = load_suite(dataset)
     configs = [e.configuration.to_json_dict() for e in suite.expectations]
-    findings = _Findings({c["meta"]["name"]: i for i, c in enumerate(configs)})
+    redact = cache(redact) if redact is not None else None  # ids, categories and prompts repeat a lot
+    findings = _Findings({c["meta"]["name"]: i for i, c in enumerate(configs)}, redact)
 
     lines = list(iter_jsonl(path))
     for ln in lines:
@@ -443,6 +491,10 @@ def _validate(
         raise SuiteError(f"{dataset}: unknown derived column(s) {unknown}; this dataset provides {DERIVED[dataset]}")
     columns = dict.fromkeys([*FIELDS[dataset], *(c for c in referenced if not c.startswith("_"))])
     frame = _frame(rows, columns)
+    if dataset in IDENTIFIERS:
+        writer = _Writer(frozenset(columns), IDENTIFIERS[dataset], redact)
+    else:
+        writer = _Writer(redact=redact)
 
     def is_schema(cfg: dict) -> bool:
         return cfg["type"] in SCHEMA_TYPES or cfg["type"].startswith("expect_table_")
@@ -472,12 +524,10 @@ def _validate(
         findings.collect(_run_gx(late, clean.astype(object), parameters), clean, rows, parameters)
 
     source = str(path)
-    atomic_write_lines(
-        Path(out_valid), (_valid_text(ln, redact, redact_fields) for ln in lines if ln.line not in findings.rows)
-    )
+    atomic_write_lines(Path(out_valid), (writer.text(ln) for ln in lines if ln.line not in findings.rows))
     atomic_write_lines(
         Path(out_quarantine),
-        (_quarantine_record(source, ln, findings.rows[ln.line], redact) for ln in lines if ln.line in findings.rows),
+        (_quarantine_record(source, ln, findings.rows[ln.line], writer) for ln in lines if ln.line in findings.rows),
     )
     rows_in, rows_quarantined = len(lines), len(findings.rows)
     rows_valid = sum(1 for ln in lines if ln.line not in findings.rows)
@@ -497,8 +547,9 @@ def _validate(
         failures=findings.failures,
         critical_failed=critical,
         skipped=tuple(skipped),
-        notes=tuple(findings.notes),
+        notes=tuple(writer.scrub(note) for note in findings.notes),
         passed=not critical and rate <= max_bad_row_rate,
+        dropped_fields=writer.dropped(rows.values()),
     )
 
 
@@ -548,9 +599,10 @@ def validate_feedback_logs(
     """Validate a feedback-log JSONL file against ``data/expectations/feedback_logs.json``.
 
     max_text_chars: the upper bound on prompt and response lengths (characters; the suite's ``max_text_chars``
-    parameter). redact: a text scrubber (e.g. ``tasks.pii.scrub_text``) applied before anything is written: to the
-    free-text fields of valid rows (prompt, response) and to quarantined lines and their reasons. Outputs and
-    errors as :func:`validate_problems`.
+    parameter). redact: a text scrubber (e.g. ``tasks.pii.scrub_text``) applied before anything is written: to every
+    string of valid and quarantined rows, with ``event_id``, ``user_id`` and ``session_id`` pseudonymised instead
+    when it would change them, and to reasons and notes (module docstring). Fields outside the schema are dropped
+    and counted in ``dropped_fields``, with or without ``redact``. Outputs and errors as :func:`validate_problems`.
     """
     return _validate(
         "feedback_logs",
@@ -560,7 +612,6 @@ def validate_feedback_logs(
         max_bad_row_rate=max_bad_row_rate,
         parameters={"max_text_chars": max_text_chars},
         redact=redact,
-        redact_fields=("prompt", "response"),
     )
 
 
@@ -571,10 +622,12 @@ def validate_pairs(
     *,
     max_bad_row_rate: float,
     max_text_chars: int = 20_000,
+    redact: Redact | None = None,
 ) -> DatasetReport:
     """Validate a human preference-pair JSONL file against ``data/expectations/preference_pairs.json``.
 
-    max_text_chars: the upper bound on prompt, chosen and rejected lengths (characters). Outputs and errors as
+    max_text_chars: the upper bound on prompt, chosen and rejected lengths (characters). redact: as in
+    :func:`validate_feedback_logs`, with ``annotator`` the identifier that is pseudonymised. Outputs and errors as
     :func:`validate_problems`.
     """
     return _validate(
@@ -584,6 +637,7 @@ def validate_pairs(
         out_quarantine,
         max_bad_row_rate=max_bad_row_rate,
         parameters={"max_text_chars": max_text_chars},
+        redact=redact,
     )
 
 
@@ -653,6 +707,9 @@ def report_markdown(reports: Sequence[DatasetReport]) -> str:
             out += [f"| {k}{' (critical)' if k in r.critical_failed else ''} | {v} |" for k, v in failing.items()]
         elif not r.notes and not r.critical_failed:
             out.append("Every row met every expectation.")
+        if r.dropped_fields:
+            out += ["", "Fields not in the schema, dropped from every output:", "", "| field | rows |", "|---|---:|"]
+            out += [f"| {k} | {v} |" for k, v in r.dropped_fields.items()]
     return "\n".join(out) + "\n"
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.pii import PLACEHOLDERS, RULES, find_pii, scrub_frame, scrub_series, scrub_text
+from tasks.pii import PLACEHOLDERS, RULES, find_pii, pseudonym, scrub_frame, scrub_series, scrub_text
 
 CASES = [
     ("email", "mail maria.gonzalez42@example.com today", "maria.gonzalez42@example.com", "<EMAIL>"),
@@ -19,6 +19,9 @@ CASES = [
     ("api_key", "key sk-proj-abcdefghijklmnopqrstuvwx12 ok", "sk-proj-abcdefghijklmnopqrstuvwx12", "<SECRET>"),
     ("api_key", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "<SECRET>"),
     ("api_key", "aws AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "<SECRET>"),
+    ("api_key", "HF_TOKEN hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "<SECRET>"),
+    ("bearer", "Authorization: Bearer 9f8e7d6c5b4a39281706f5e4", "9f8e7d6c5b4a39281706f5e4", "<SECRET>"),
+    ("bearer", "curl -H 'authorization: bearer Xy7_kP2.qR9~mW4-tZ8v' x", "Xy7_kP2.qR9~mW4-tZ8v", "<SECRET>"),
     ("keyed_secret", "api_key=3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c", "3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c", "<SECRET>"),
     ("keyed_secret", "db_password = 'hunter22'", "hunter22", "<SECRET>"),
     ("keyed_secret", '{"client_secret": "x9y8z7w6"}', "x9y8z7w6", "<SECRET>"),
@@ -76,6 +79,8 @@ def test_code_is_left_alone():
     )
     assert scrub_text(code) == code
     assert find_pii(code) == []
+    prose = "The bearer of this token, Bearer abcdefghijklmnopqrstuv, has no digit."
+    assert scrub_text(prose) == prose
 
 
 def test_luhn_decides_cards():
@@ -129,3 +134,15 @@ def test_scrub_frame_only_touches_the_given_columns():
 def test_placeholders_are_not_pii():
     joined = " ".join(PLACEHOLDERS)
     assert scrub_text(joined) == joined
+
+
+def test_pseudonym_is_stable_distinct_keyed_and_not_pii():
+    maria = pseudonym("maria.gonzalez42@example.com", "user-")
+    assert maria == pseudonym("maria.gonzalez42@example.com", "user-")  # the same user in every row and run
+    assert maria.startswith("user-") and len(maria) == len("user-") + 16
+    assert maria != pseudonym("Maria.Gonzalez42@example.com", "user-")  # hashed exactly as given
+    assert maria != pseudonym("maria.gonzalez42@example.com", "user-", key=b"a secret key")
+    ids = [f"user{i}@example.com" for i in range(2000)] + [f"+1 415-555-{i:04d}" for i in range(2000)]
+    fakes = [pseudonym(v, p) for v in ids for p in ("user-", "session-", "event-")]
+    assert len(set(fakes)) == len(fakes)
+    assert all(scrub_text(f) == f for f in fakes)  # no rule ever rewrites a pseudonym

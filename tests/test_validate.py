@@ -396,3 +396,118 @@ def test_write_report(tmp_path):
     md = (tmp_path / "r.md").read_text()
     assert "| feedback_logs | 5 | 3 | 2 | 40.00% | 50.00% | passed |" in md
     assert "| json_object | 1 |" in md
+
+
+# ------------------------------------------------------------------------------------------------ personal data
+
+EMAIL = "maria.gonzalez42@example.com"
+OTHER_EMAIL = "j.okafor@mailbox.example.org"
+PHONE = "+1 415-555-0132"
+TOKEN = "ghp_R8x2Lq9ZtV4mN7cJ1wK5yH3dF6bG0sPaE2uT"
+EXTRA_EMAIL = "devops.oncall@acme-widgets.example.net"
+EXTRA_TOKEN = "sk-proj-Zq81mVx0LkT4rBn6YcW2pJd9"
+BEARER = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+# Every raw string planted below, and the local parts alone (a quoted value cut short must not leak them either).
+LEAKS = (EMAIL, OTHER_EMAIL, PHONE, TOKEN, EXTRA_EMAIL, EXTRA_TOKEN, BEARER)
+LEAKS += ("maria.gonzalez", "j.okafor", "devops.oncall")
+
+
+def pii(field: str) -> str:
+    return f"{field}: write to {EMAIL} or call {PHONE}, key {TOKEN}"
+
+
+def all_outputs(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text(encoding="utf-8") for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_no_personal_data_reaches_any_output_of_the_stage(tmp_path):
+    """Issue 15: PII in every field of valid rows, in unknown extra fields and in quarantined rows (logs and human
+    pairs) appears in none of the files the stage writes; PII-bearing ids become stable, distinct pseudonyms."""
+    from tasks.config import ValidateConfig
+    from tasks.measure import validate_logs_task, validate_pairs_task
+
+    extras = {"debug": f"reach me at {EXTRA_EMAIL}, Authorization: Bearer {BEARER}", "note": EXTRA_TOKEN}
+    full = {f: pii(f) for f in ("event_id", "user_id", "session_id", "prompt", "response", "category")}
+    logs = [
+        log_event(1, **full, model_version=pii("model_version"), **extras),  # every free field
+        log_event(2, user_id=EMAIL),
+        log_event(3, user_id=EMAIL, session_id=f"sess {PHONE}"),
+        log_event(4, user_id=OTHER_EMAIL, internal_note="zebra-quartz-41"),
+        log_event(5, user_id="u-plain"),
+        # quarantined: a rating not in the set (its reason quotes the value, longer than a quote keeps) ...
+        log_event(6, **{**full, "event_id": "e6"}, rating="thumbs " * 6 + EMAIL, ts=pii("ts"), **extras),
+        # ... and a line that does not parse
+        f'{{"user_id": "{EMAIL}", "prompt": "call {PHONE}", "token": "{TOKEN}", "debug": "{EXTRA_EMAIL}"',
+    ]
+    pairs = [
+        {
+            "prompt": pii("prompt"),
+            "chosen": pii("chosen"),
+            "rejected": pii("rejected"),
+            "annotator": EMAIL,
+            "dimension": pii("dimension"),
+            **extras,
+        },
+        {"prompt": "p", "chosen": "a", "rejected": "b", "annotator": EMAIL},
+        {"prompt": "p", "chosen": pii("x"), "rejected": pii("x"), "annotator": OTHER_EMAIL, **extras},  # quarantined
+    ]
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write(inputs / "logs.jsonl", [x if isinstance(x, str) else json.dumps(x) for x in logs])
+    write(inputs / "pairs.jsonl", [json.dumps(p) for p in pairs])
+    out = tmp_path / "validated"
+    cfg = ValidateConfig(max_bad_row_rate_logs=1.0, max_bad_row_rate_pairs=1.0)
+    log_report = validate_logs_task.fn(
+        cfg, inputs / "logs.jsonl", out / "feedback_logs.jsonl", out / "quarantine" / "feedback_logs.jsonl"
+    )
+    pair_report = validate_pairs_task.fn(
+        cfg, inputs / "pairs.jsonl", out / "human_pairs.jsonl", out / "quarantine" / "human_pairs.jsonl"
+    )
+    write_report([log_report, pair_report], out / "report.json", out / "report.md")
+
+    files = all_outputs(out)
+    assert sorted(files) == [
+        "feedback_logs.jsonl",
+        "human_pairs.jsonl",
+        "quarantine/feedback_logs.jsonl",
+        "quarantine/human_pairs.jsonl",
+        "report.json",
+        "report.md",
+    ]
+    for name, text in files.items():
+        for raw in (*LEAKS, "zebra-quartz-41"):
+            assert raw not in text, (raw, name)
+
+    assert (log_report.rows_valid, log_report.rows_quarantined) == (5, 2)
+    assert (pair_report.rows_valid, pair_report.rows_quarantined) == (2, 1)
+    valid = [json.loads(x) for x in files["feedback_logs.jsonl"].splitlines()]
+    assert all(set(row) == set(log_event(0)) for row in valid)  # the extra fields are gone
+    assert valid[0]["prompt"] == "prompt: write to <EMAIL> or call <PHONE>, key <SECRET>"
+    assert valid[0]["model_version"] == "model_version: write to <EMAIL> or call <PHONE>, key <SECRET>"
+    users = [row["user_id"] for row in valid]
+    assert users[1] == users[2] and len({users[0], users[1], users[3]}) == 3
+    assert all(re.fullmatch(r"user-[0-9a-f]{16}", u) for u in users[:4])
+    assert users[4] == "u-plain" and valid[1]["session_id"] == "s2"  # ids without PII are kept
+    assert re.fullmatch(r"event-[0-9a-f]{16}", valid[0]["event_id"]) and valid[1]["event_id"] == "e2"
+    assert re.fullmatch(r"session-[0-9a-f]{16}", valid[2]["session_id"])
+    annotators = [json.loads(x)["annotator"] for x in files["human_pairs.jsonl"].splitlines()]
+    assert annotators[0] == annotators[1] and annotators[0].startswith("annotator-")
+
+    quarantined = read_records(out / "quarantine" / "feedback_logs.jsonl")
+    assert quarantined[6]["expectations"] == ["rating_in_set", "ts_iso8601"]
+    assert json.loads(quarantined[6]["raw"])["user_id"] == users[0]  # the same pseudonym as in the valid rows
+    assert "<EMAIL>" in quarantined[6]["reason"] and "<PHONE>" in quarantined[7]["raw"]
+
+    assert log_report.dropped_fields == {"debug": 2, "internal_note": 1, "note": 2}
+    assert pair_report.dropped_fields == {"debug": 2, "note": 2}
+    report = json.loads(files["report.json"])
+    assert report["datasets"]["feedback_logs"]["dropped_fields"] == log_report.dropped_fields
+    assert "| internal_note | 1 |" in files["report.md"]
+
+
+def test_without_a_scrubber_unknown_fields_are_still_dropped(tmp_path):
+    rows = [log_event(0, contact=EMAIL), log_event(1)]
+    path = write(tmp_path / "logs.jsonl", [json.dumps(r) for r in rows])
+    report = validate_feedback_logs(path, tmp_path / "v.jsonl", tmp_path / "q.jsonl", max_bad_row_rate=0.0)
+    assert report.dropped_fields == {"contact": 1}
+    assert [json.loads(x) for x in (tmp_path / "v.jsonl").read_text().splitlines()] == [log_event(0), log_event(1)]
