@@ -9,7 +9,10 @@ A checkpoint is one directory ``<root>/checkpoint-<step:08d>/`` holding
 
 Writes are atomic: everything goes to a hidden temporary sibling directory, is fsync'ed, and the directory is
 renamed into place, so a crash never leaves a half-written checkpoint that `latest_checkpoint` would pick up.
-Older checkpoints are pruned after a successful write (``keep_last``).
+Older checkpoints are pruned after a successful write (``keep_last``). A run that starts over never deletes the
+previous run's checkpoints up front: it passes them (`list_checkpoints`, taken at its start) to its first
+`save_checkpoint` as ``supersedes``, which deletes them only once that checkpoint is complete, so a run that dies
+before its first save leaves the previous run resumable.
 
 Exact resume also needs every random number generator: `capture_rng_state` / `restore_rng_state` cover
 Python's `random`, NumPy's global generator, torch's CPU and CUDA generators, and any named
@@ -23,7 +26,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,8 +231,9 @@ def save_checkpoint(
     objects: Mapping[str, Any],
     state: Mapping[str, Any],
     keep_last: int = 1,
+    supersedes: Iterable[Path] = (),
 ) -> Path:
-    """Write checkpoint `step` atomically under `root`, then delete all but the newest `keep_last`.
+    """Write checkpoint `step` atomically under `root`, delete `supersedes`, then all but the newest `keep_last`.
 
     Args:
         root: the directory holding the checkpoints (created if missing).
@@ -238,6 +242,10 @@ def save_checkpoint(
         objects: object states (state dicts of plain containers + tensors), each saved as ``<name>.pt``.
         state: JSON-serialisable loop state, saved as ``state.json`` (``step`` is added).
         keep_last: how many checkpoints to keep, at least 1.
+        supersedes: another run's checkpoints that this run replaces (a run starting over passes
+            `list_checkpoints` taken at its start to its first save): deleted only once this checkpoint is complete,
+            and before pruning, so their (possibly higher) steps neither outlive nor outrank it. Nothing is deleted
+            when the write fails.
 
     Returns:
         the checkpoint directory.
@@ -261,6 +269,9 @@ def save_checkpoint(
         for name, obj in objects.items():
             torch.save(obj, tmp / f"{name}.pt")
         (tmp / "state.json").write_text(payload)
+    for old in supersedes:
+        if Path(old) != final:  # a superseded checkpoint of the same step was replaced by the rename already
+            shutil.rmtree(old, ignore_errors=True)
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old)
     return final

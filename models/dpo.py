@@ -40,7 +40,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -446,14 +445,17 @@ def _render(role_answer: str):
     return render
 
 
-def build_pair_examples(tokenizer, rows: Sequence[dict], max_seq_len: int) -> list[dict[str, dict]]:
+def build_pair_examples(
+    tokenizer, rows: Sequence[dict], max_seq_len: int, setting: str = "dpo.max_seq_len"
+) -> list[dict[str, dict]]:
     """Tokenise preference pairs: ``{"chosen": example, "rejected": example}`` per row, each example as in
     `models.sft.build_sft_examples` over [user = ``row["prompt"]``, assistant = ``row["chosen"|"rejected"]``]
     (labels -100 on the prompt, so log-probs cover the assistant's tokens only).
 
     Raises:
         ValueError: a row misses prompt/chosen/rejected or has an empty one, or its chosen equals its rejected
-            (the message names the row); rendering errors from `build_sft_examples`.
+            (the message names the row); rendering errors from `build_sft_examples`, among them prompts that
+            leave no room for an answer within `max_seq_len` (named `setting`, with the longest prompt's tokens).
     """
     for index, row in enumerate(rows):
         name = row.get("pair_id", row.get("task_id", f"pair {index}"))
@@ -462,8 +464,8 @@ def build_pair_examples(tokenizer, rows: Sequence[dict], max_seq_len: int) -> li
                 raise ValueError(f"{name}: '{key}' must be a non-empty string")
         if row["chosen"] == row["rejected"]:
             raise ValueError(f"{name}: chosen and rejected are identical")
-    chosen = build_sft_examples(tokenizer, rows, render=_render("chosen"), max_seq_len=max_seq_len)
-    rejected = build_sft_examples(tokenizer, rows, render=_render("rejected"), max_seq_len=max_seq_len)
+    chosen = build_sft_examples(tokenizer, rows, _render("chosen"), max_seq_len, setting)
+    rejected = build_sft_examples(tokenizer, rows, _render("rejected"), max_seq_len, setting)
     return [{"chosen": c, "rejected": r} for c, r in zip(chosen, rejected, strict=True)]
 
 
@@ -717,7 +719,8 @@ def train_dpo(
         cfg: the configuration.
         out_dir: receives ``checkpoints/``, ``adapter/`` and ``merged/``.
         emit: metrics callback ``emit(metrics, step)``; an exception there aborts training (the last checkpoint stays).
-        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False deletes them and starts over.
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False starts over: existing
+            checkpoints are deleted once this run has saved its first one (a run that fails before that leaves them).
         reference_sha256: the reference's `checkpoint_hash` as verified by the caller; recorded and part of the resume
             fingerprint (a checkpoint made against another reference is not resumed).
 
@@ -737,6 +740,7 @@ def train_dpo(
         CheckpointMismatchError,
         capture_rng_state,
         latest_checkpoint,
+        list_checkpoints,
         load_checkpoint,
         load_trainable_state_dict,
         restore_rng_state,
@@ -770,9 +774,7 @@ def train_dpo(
     logits_mask = _supports_logits_mask(model)
 
     latest = latest_checkpoint(ckpt_root) if resume else None
-    if not resume and dp.is_main:
-        shutil.rmtree(ckpt_root, ignore_errors=True)
-    dp.barrier()
+    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
     ckpt = load_checkpoint(latest) if latest is not None else None
     if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
         raise CheckpointMismatchError(
@@ -859,7 +861,9 @@ def train_dpo(
                 "displacement_step": displacement_step,
                 "history": history,
             },
+            supersedes=superseded,
         )
+        superseded.clear()
 
     if evaluate and step == 0:
         # Before any update the policy is the reference (LoRA's B is 0): the cached log-probs are its log-probs.

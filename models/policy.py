@@ -165,15 +165,15 @@ def build_tiny_tokenizer(vocab_size: int = 384):
         eos_token="<|im_end|>",
         pad_token="<|im_end|>",
         unk_token="<|endoftext|>",
-        model_max_length=512,
+        model_max_length=2048,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
 
 def build_tiny_causal_lm(seed: int = 0):
-    """A tiny random ``LlamaForCausalLM`` (hidden 32, 2 layers, 4 heads, 2 kv heads, tied embeddings:
-    SmolLM2's layout in miniature) and the `build_tiny_tokenizer` tokenizer, built from a config without
+    """A tiny random ``LlamaForCausalLM`` (hidden 32, 2 layers, 4 heads, 2 kv heads, tied embeddings, a 2048-token
+    context: SmolLM2's layout in miniature) and the `build_tiny_tokenizer` tokenizer, built from a config without
     any files.
 
     Weights are drawn under a forked RNG seeded with `seed`, so the global torch RNG is left untouched and the
@@ -193,7 +193,7 @@ def build_tiny_causal_lm(seed: int = 0):
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=2048,  # the generated problems' prompts run to ≈ 780 of its tokens
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -68,7 +68,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +81,11 @@ if TYPE_CHECKING:
 
 ALGOS = ("didpo", "grpo", "dapo")
 _MIXED_PRECISION = ("auto", "bf16", "no")
+# Upper bounds checked at load: far above any useful setting, low enough that a typo fails with the key's name
+# instead of in the allocator (the model- and machine-dependent limits are `check_rollout_fits`'s, at stage start).
+MAX_GROUP_SIZE = 256
+MAX_PROMPTS_PER_STEP = 1024
+MAX_NEW_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -91,10 +95,11 @@ class RLConfig:
     Attributes:
         algo: "didpo" (process rewards + critic + GAE), "grpo" or "dapo" (critic-free baselines; module docstring).
         steps: RL steps (one rollout phase + one PPO update phase each).
-        prompts_per_step: problems per step (groups in the batch).
-        group_size: samples per problem (K); the batch has prompts_per_step × group_size rollouts. ≥ 2 for
-            grpo/dapo (a group's std needs two samples).
-        max_new_tokens: the most tokens generated per sample.
+        prompts_per_step: problems per step (groups in the batch), at most `MAX_PROMPTS_PER_STEP`.
+        group_size: samples per problem (K), at most `MAX_GROUP_SIZE`; the batch has prompts_per_step × group_size
+            rollouts, decoded together. ≥ 2 for grpo/dapo (a group's std needs two samples).
+        max_new_tokens: the most tokens generated per sample, at most `MAX_NEW_TOKENS` (and, at stage start, what
+            the model's context leaves after the longest prompt: `check_rollout_fits`).
         temperature: sampling temperature (1 = sample from π_θ itself; old log-probs are π_θ's either way).
         top_p: nucleus mass for sampling, in (0, 1].
         learning_rate: AdamW learning rate of the policy's trainable weights (LoRA adapters by default).
@@ -127,7 +132,10 @@ class RLConfig:
         max_refill: dapo's dynamic sampling: extra prompt draws per step to replace groups whose rewards are all
             equal (each draw asks for as many prompts as groups are missing); 0 = drop without refilling.
         reward: the process and outcome reward settings (`models.process_reward.ProcessRewardConfig`): weights of
-            Φ's components, outcome "v1" (0/1) or "v2" (fraction of tests), format term, overlong shaping.
+            Φ's components, outcome "v1" (0/1) or "v2" (fraction of tests), format term, overlong shaping. The
+            overlong penalty must be reachable within the budget: its start (``overlong_max − overlong_cache``) <
+            ``overlong_max`` ≤ `max_new_tokens`, or, for a hard cut (``overlong_cache`` 0), ``overlong_max`` <
+            `max_new_tokens` (otherwise no completion could ever be penalised, or none could reach −1).
         lora: train LoRA adapters (True) or every weight (False; the KL reference is then a frozen copy).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator (update = lora_alpha / lora_r · B A).
@@ -138,6 +146,10 @@ class RLConfig:
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
         mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
+
+    Raises:
+        ValueError: at construction, a value out of range or two that contradict each other (the message names
+            ``didpo.<field>``; params.yaml's loader reports it as a `tasks.config.ConfigError`).
     """
 
     algo: str = "didpo"
@@ -187,6 +199,25 @@ class RLConfig:
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "ppo_epochs", "minibatch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"didpo.{name} must be >= 1, got {getattr(self, name)}")
+        for name, bound in (
+            ("group_size", MAX_GROUP_SIZE),
+            ("prompts_per_step", MAX_PROMPTS_PER_STEP),
+            ("max_new_tokens", MAX_NEW_TOKENS),
+        ):
+            if getattr(self, name) > bound:
+                raise ValueError(f"didpo.{name} must be <= {bound}, got {getattr(self, name)}")
+        overlong_max, cache = self.reward.overlong_max, self.reward.overlong_cache
+        if overlong_max > self.max_new_tokens:
+            raise ValueError(
+                f"didpo.reward.overlong_max ({overlong_max}) must be <= didpo.max_new_tokens ({self.max_new_tokens}):"
+                " no completion is longer than max_new_tokens, so the penalty would never reach -1"
+            )
+        if overlong_max and cache == 0 and overlong_max == self.max_new_tokens:
+            raise ValueError(
+                f"didpo.reward.overlong_max ({overlong_max}) with didpo.reward.overlong_cache 0 penalises only "
+                f"completions longer than overlong_max, and none is longer than didpo.max_new_tokens "
+                f"({self.max_new_tokens}): set overlong_cache > 0 or overlong_max < max_new_tokens"
+            )
         if self.lora_r < 1:
             raise ValueError(f"didpo.lora_r must be >= 1, got {self.lora_r}")
         if self.algo != "didpo" and self.group_size < 2:
@@ -803,6 +834,72 @@ def _fingerprint(cfg: RLConfig, problems: Sequence[dict], initial_weights: str) 
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def available_memory(device: torch.device | str) -> int:
+    """Bytes a new allocation can take on `device`: CUDA's free memory (``torch.cuda.mem_get_info``), else the
+    host's ``MemAvailable`` (/proc/meminfo; free physical pages where there is none)."""
+    import os
+
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def rollout_kv_cache_bytes(model_config, rows: int, tokens: int, bytes_per_value: int) -> int:
+    """The KV cache of one rollout batch: rows × tokens × layers × 2 (keys and values) × the key/value width
+    (``num_key_value_heads × head_dim``, which is the hidden size without grouped-query attention) × bytes.
+
+    A rough lower bound of what sampling needs (the weights, activations and logits come on top); enough to refuse a
+    setting that cannot fit. `tokens` is the longest prompt plus ``max_new_tokens`` (every row is padded to it).
+    """
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    width = (getattr(model_config, "num_key_value_heads", None) or heads) * head_dim
+    return rows * tokens * model_config.num_hidden_layers * 2 * width * bytes_per_value
+
+
+def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, device) -> None:
+    """Refuse, before anything is trained or written, an RL budget this model and machine cannot run: the longest
+    prompt + ``max_new_tokens`` beyond the model's context (``max_position_embeddings``), or a rollout batch
+    (``prompts_per_step × group_size`` rows, decoded together) whose KV cache (`rollout_kv_cache_bytes`, at the
+    weights' dtype) exceeds `available_memory` on `device`.
+
+    Raises:
+        ValueError: naming ``didpo.max_new_tokens`` (context), or ``didpo.prompts_per_step``, ``didpo.group_size``
+            and ``didpo.max_new_tokens`` with the estimate (memory).
+    """
+    from models.prompts import user_message
+    from models.sampling import build_chat_prompt
+
+    prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    context = getattr(model.config, "max_position_embeddings", None)
+    if context and longest + cfg.max_new_tokens > context:
+        raise ValueError(
+            f"didpo.max_new_tokens ({cfg.max_new_tokens}) + the longest prompt ({longest} tokens) exceed the model's "
+            f"context ({context} tokens): set didpo.max_new_tokens <= {context - longest}"
+        )
+    rows, tokens = cfg.prompts_per_step * cfg.group_size, longest + cfg.max_new_tokens
+    itemsize = next(model.parameters()).element_size()
+    need, free = rollout_kv_cache_bytes(model.config, rows, tokens, itemsize), available_memory(device)
+    if need > free:
+        raise ValueError(
+            f"a rollout batch of didpo.prompts_per_step × didpo.group_size = {cfg.prompts_per_step} × "
+            f"{cfg.group_size} rows of {longest} prompt + didpo.max_new_tokens {cfg.max_new_tokens} tokens needs "
+            f"≈ {need / 2**30:.2f} GiB of KV cache alone, more than the {free / 2**30:.2f} GiB available on "
+            f"{device}: lower didpo.group_size, didpo.prompts_per_step or didpo.max_new_tokens"
+        )
+
+
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -830,14 +927,16 @@ def train_rl(
         out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``adapter/`` (LoRA) and ``merged/``.
         emit: metrics callback ``emit(metrics, step)``, keys under ``didpo/`` for every algorithm; an exception
             raised there aborts training (the last checkpoint stays valid).
-        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False starts over.
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False starts over: existing
+            checkpoints are deleted once this run has saved its first one (a run that fails before that leaves them).
         rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
 
     Returns:
         an `RLResult`.
 
     Raises:
-        ValueError: no problems, a tokenizer without pad/eos token.
+        ValueError: no problems, a tokenizer without pad/eos token, a budget the model's context or the memory
+            cannot hold (`check_rollout_fits`, naming the settings; checked before anything is trained or written).
         models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, other
             problems or other initial weights.
     """
@@ -849,6 +948,7 @@ def train_rl(
         CheckpointMismatchError,
         capture_rng_state,
         latest_checkpoint,
+        list_checkpoints,
         load_checkpoint,
         load_trainable_state_dict,
         restore_rng_state,
@@ -872,6 +972,7 @@ def train_rl(
     rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"
     dp = data_parallel(resolve_device(cfg.device))
     device = dp.device
+    check_rollout_fits(model, tokenizer, problems, cfg, device)
     if dp.world_size > 1:
         verifier = _ShardedVerifier(verifier, dp)
     autocast = _autocast_factory(cfg.mixed_precision, device)
@@ -905,10 +1006,8 @@ def train_rl(
     generators = {"data": order.generator, "minibatch": minibatch_generator}
     step, history = 0, []
 
-    if not resume and dp.is_main:
-        shutil.rmtree(ckpt_root, ignore_errors=True)
-    dp.barrier()
     latest = latest_checkpoint(ckpt_root) if resume else None
+    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
     if latest is not None:
         ckpt = load_checkpoint(latest)
         if ckpt.state["fingerprint"] != fingerprint:
@@ -951,7 +1050,9 @@ def train_rl(
                 "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
                 "history": history,
             },
+            supersedes=superseded,
         )
+        superseded.clear()
 
     # Data parallel: every process samples the whole step (same weights, same seeds: the same rollouts), the
     # verifier splits the programs between the processes and shares the verdicts, so rewards and advantages

@@ -33,7 +33,6 @@ import hashlib
 import json
 import math
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -236,6 +235,7 @@ def build_sft_examples(
     rows: Sequence[dict],
     render: Callable[[dict], list[dict[str, str]]] = render_messages,
     max_seq_len: int | None = None,
+    setting: str = "sft.max_seq_len",
 ) -> list[dict[str, Any]]:
     """Tokenise problems into SFT examples with the loss on the answer tokens only.
 
@@ -246,6 +246,9 @@ def build_sft_examples(
     ``<|im_end|>``) inclusive: whatever the template adds after it (a newline in ChatML) is never generated
     and is dropped.
 
+    `setting` names `max_seq_len` in the error for prompts that leave no room for an answer (DPO passes
+    ``dpo.max_seq_len``); every row is checked first, so the message gives the longest prompt's token count.
+
     Returns:
         one dict per row: ``input_ids`` (list[int], length L ≤ max_seq_len), ``labels`` (list[int], length L,
         -100 on the ``n_prompt_tokens`` prompt tokens, the token ids on the answer), ``n_prompt_tokens``
@@ -254,12 +257,12 @@ def build_sft_examples(
     Raises:
         ValueError: the last message is not the assistant's; the rendered prompt is not a token prefix of the
             rendered conversation (a chat template that renders the prompt differently, or tokens merging
-            across the boundary); an empty answer; a prompt of `max_seq_len` tokens or more (the message
-            names the row).
+            across the boundary); an empty answer; prompts of `max_seq_len` tokens or more (the message names
+            `setting`, how many rows, and the longest prompt's row and token count).
     """
-    examples = []
+    examples, too_long = [], []
     for index, row in enumerate(rows):
-        name = row.get("task_id", f"row {index}")
+        name = row.get("pair_id", row.get("task_id", f"row {index}"))  # a preference pair, else a problem
         messages = render(row)
         if not messages or messages[-1].get("role") != "assistant":
             raise ValueError(f"{name}: render() must end with the assistant's message")
@@ -282,16 +285,20 @@ def build_sft_examples(
         if not answer:
             raise ValueError(f"{name}: the rendered answer is empty")
         if max_seq_len is not None and n_prompt >= max_seq_len:
-            raise ValueError(
-                f"{name}: the prompt has {n_prompt} tokens, leaving no room for the answer within "
-                f"max_seq_len={max_seq_len}; raise sft.max_seq_len or shorten the problem"
-            )
+            too_long.append((n_prompt, name))
+            continue
         input_ids = prompt_ids + answer
         truncated = max_seq_len is not None and len(input_ids) > max_seq_len
         if truncated:
             input_ids = input_ids[:max_seq_len]
         labels = [IGNORE_INDEX] * n_prompt + input_ids[n_prompt:]
         examples.append({"input_ids": input_ids, "labels": labels, "n_prompt_tokens": n_prompt, "truncated": truncated})
+    if too_long:
+        n_prompt, name = max(too_long)
+        raise ValueError(
+            f"{setting}={max_seq_len} leaves no room for the answer of {len(too_long)} of {len(rows)} rows: the "
+            f"longest prompt ({name}) has {n_prompt} tokens; set {setting} > {n_prompt} or shorten those prompts"
+        )
     return examples
 
 
@@ -540,7 +547,8 @@ def train_sft(
         emit: metrics callback ``emit(metrics, step)``; an exception raised there aborts training (the last
             checkpoint stays valid).
         resume: continue from the latest checkpoint in ``out_dir/checkpoints`` when there is one; False
-            deletes existing checkpoints and starts over.
+            starts over: existing checkpoints are deleted once this run has saved its first one (a run that fails
+            before that leaves them in place).
 
     Returns:
         an `SFTResult`.
@@ -559,6 +567,7 @@ def train_sft(
         CheckpointMismatchError,
         capture_rng_state,
         latest_checkpoint,
+        list_checkpoints,
         load_checkpoint,
         load_trainable_state_dict,
         restore_rng_state,
@@ -601,9 +610,7 @@ def train_sft(
     step, stopped_early, history, best_weights = 0, False, [], None
 
     latest = latest_checkpoint(ckpt_root) if resume else None
-    if not resume and dp.is_main:
-        shutil.rmtree(ckpt_root, ignore_errors=True)
-    dp.barrier()
+    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
     if latest is not None:
         ckpt = load_checkpoint(latest)
         if ckpt.state["fingerprint"] != fingerprint:
@@ -647,7 +654,9 @@ def train_sft(
                 "stopped_early": stopped_early,
                 "history": history,
             },
+            supersedes=superseded,
         )
+        superseded.clear()
 
     bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0, disable=not dp.is_main)  # also in logs
     while step < total_steps and not stopped_early:

@@ -199,6 +199,8 @@ def _describe(error: dict[str, Any]) -> str:
         section_cls = _section_class(error["loc"])
         allowed = ", ".join(f.name for f in fields(section_cls)) if section_cls else ""
         msg = f"unknown key; allowed keys: {allowed}"
+    elif error["type"] == "value_error" and msg.removeprefix("Value error, ").startswith(f"{key}."):
+        return msg.removeprefix("Value error, ")  # a section's own check names its field (``section.field ...``)
     elif "input" in error and not isinstance(error["input"], dict):
         msg = f"{msg} (got {error['input']!r})"
     return f"{key}: {msg}"

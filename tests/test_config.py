@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.config import ConfigError, Params, load_params, parse_params
 
@@ -14,8 +15,6 @@ def test_repo_params_yaml_is_valid_and_complete():
     params = load_params(ROOT / "params.yaml")
     assert isinstance(params, Params)
     # every section of the dataclass is written out in params.yaml, so users see every knob
-    import yaml
-
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     for section in dataclasses.fields(Params):
         assert section.name in raw, section.name
@@ -79,3 +78,39 @@ def test_malformed_yaml_and_non_mapping(tmp_path):
 def test_unknown_nested_key_names_the_nested_section():
     with pytest.raises(ConfigError, match=r"didpo\.reward\.bogus: unknown key; allowed keys: w_syntax, "):
         parse_params({"didpo": {"reward": {"bogus": 1}}})
+
+
+# ------------------------------------------------------------ settings that cannot work fail at load (issue 15)
+
+
+@pytest.mark.parametrize(
+    ("didpo", "expected"),
+    [
+        ({"group_size": 400000}, "didpo.group_size must be <= 256, got 400000"),
+        ({"prompts_per_step": 5000}, "didpo.prompts_per_step must be <= 1024, got 5000"),
+        ({"max_new_tokens": 100000}, "didpo.max_new_tokens must be <= 32768, got 100000"),
+    ],
+)
+def test_rl_budget_upper_bounds_name_the_key(didpo, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_params({"didpo": didpo})
+    assert expected in str(info.value)
+
+
+def test_overlong_penalty_must_fit_max_new_tokens():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    # params.yaml: the penalty ramps from 144 to 192 = max_new_tokens (the top of the ramp is reachable)
+    assert (raw["didpo"]["max_new_tokens"], raw["didpo"]["reward"]["overlong_max"]) == (192, 192)
+    # `-S didpo.max_new_tokens=128` alone: no completion can reach 192 tokens, -1 is never given
+    raw["didpo"]["max_new_tokens"] = 128
+    with pytest.raises(ConfigError) as info:
+        parse_params(raw)
+    assert "didpo.reward.overlong_max (192) must be <= didpo.max_new_tokens (128)" in str(info.value)
+    raw["didpo"]["reward"].update(overlong_max=128, overlong_cache=32)  # ramp 96 → 128: coherent again
+    assert parse_params(raw).didpo.reward.overlong_max == 128
+    # a hard cut (cache 0) at max_new_tokens would punish nothing: only lengths > overlong_max are punished
+    raw["didpo"]["reward"]["overlong_cache"] = 0
+    with pytest.raises(ConfigError, match=r"didpo\.reward\.overlong_max \(128\) with didpo\.reward\.overlong_cache 0"):
+        parse_params(raw)
+    raw["didpo"]["reward"]["overlong_max"] = 120  # lengths 121..128 get -1
+    assert parse_params(raw).didpo.reward.overlong_cache == 0

@@ -6,6 +6,7 @@ Tiny random Llama models (`models.policy.build_tiny_causal_lm`), CPU, seconds; T
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 import warnings
@@ -361,6 +362,50 @@ def test_exact_resume_uses_the_cached_reference_logps(tmp_path, monkeypatch):
         train_dpo(
             build_tiny_causal_lm(0)[0], tok, PAIRS[:6], PAIRS[6:], cfg, tmp_path / "resumed", reference_sha256="zzz"
         )
+
+
+def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp_path):
+    """Issue 15: starting over (resume=False) keeps the previous run's checkpoint until this run has saved."""
+    ckpts = tmp_path / "checkpoints"
+    old_cfg = DPOConfig(**dict(BASE, max_steps=3, checkpoint_every=3))
+    model, tok = build_tiny_causal_lm(0)
+    train_dpo(model, tok, PAIRS, [], old_cfg, tmp_path, reference_sha256="abc")
+    (old,) = list_checkpoints(ckpts)
+    old_state = load_checkpoint(old).state
+    new_cfg = dataclasses.replace(old_cfg, learning_rate=1e-3, checkpoint_every=2)  # saves at steps 2 and 3
+
+    def crash_at_step_1(metrics, step):
+        raise Crash
+
+    with pytest.raises(Crash):
+        train_dpo(build_tiny_causal_lm(0)[0], tok, PAIRS, [], new_cfg, tmp_path, crash_at_step_1, resume=False)
+    assert list_checkpoints(ckpts) == [old] and load_checkpoint(old).state == old_state
+
+    listings = {}
+
+    def watch(metrics, step):  # emitted before the step's checkpoint
+        listings[step] = [p.name for p in list_checkpoints(ckpts)]
+
+    train_dpo(build_tiny_causal_lm(0)[0], tok, PAIRS, [], new_cfg, tmp_path, watch, resume=False)
+    assert listings == {1: [old.name], 2: [old.name], 3: ["checkpoint-00000002"]}
+    (new,) = list_checkpoints(ckpts)
+    assert new.name == "checkpoint-00000003" and load_checkpoint(new).state["fingerprint"] != old_state["fingerprint"]
+
+
+def test_max_seq_len_below_the_longest_prompt_names_dpo_max_seq_len(tmp_path):
+    _, tok = build_tiny_causal_lm(0)
+    rows = [dict(p) for p in PAIRS[:4]]
+    rows[2]["prompt"] += " Use integer arithmetic only and document both parameters."
+    n_prompt = [e["chosen"]["n_prompt_tokens"] for e in build_pair_examples(tok, rows, max_seq_len=512)]
+    longest = max(n_prompt)
+    assert n_prompt.index(longest) == 2
+    with pytest.raises(ValueError) as info:
+        train_dpo(build_tiny_causal_lm(0)[0], tok, rows, [], DPOConfig(**dict(BASE, max_seq_len=longest)), tmp_path)
+    assert (
+        f"dpo.max_seq_len={longest} leaves no room for the answer of 1 of 4 rows: the longest prompt (p2) has "
+        f"{longest} tokens; set dpo.max_seq_len > {longest}"
+    ) in str(info.value)
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_grad_accumulation_2x2_equals_batch_4(tmp_path):

@@ -15,20 +15,24 @@ import numpy as np
 import pytest
 import torch
 
+import models.rl
 import models.sampling
 from models.checkpoint import CheckpointMismatchError, latest_checkpoint, list_checkpoints, load_checkpoint
 from models.policy import build_tiny_causal_lm
 from models.process_reward import ProcessRewardConfig, did_rewards
-from models.prompts import reference_code
+from models.prompts import reference_code, user_message
 from models.rl import (
     RLConfig,
     Rollout,
+    available_memory,
     build_batch,
+    check_rollout_fits,
     collect_rollouts,
     didpo_advantages,
     policy_forward,
     ppo_losses,
     ppo_update,
+    rollout_kv_cache_bytes,
     sampling_seed,
     token_reward_matrix,
     train_rl,
@@ -389,6 +393,98 @@ def test_exact_resume_after_a_crash(tmp_path):
     # ... nor the same config started from other weights (a new DPO export under an old RL checkpoint)
     with pytest.raises(CheckpointMismatchError, match="another starting policy"):
         train_rl(build_tiny_causal_lm(1)[0], tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+
+
+def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp_path):
+    """Issue 15: a run of another config (the stage's resume=False after a mismatch) that dies before its first
+    save leaves the previous run's checkpoint in place and resumable; its first save is what deletes it."""
+    stub, tok = IndexVerifier(), build_tiny_causal_lm(0)[1]
+    ckpts = tmp_path / "checkpoints"
+    old_cfg = RLConfig(**dict(BASE, steps=3, checkpoint_every=1))
+    train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path)
+    (old,) = list_checkpoints(ckpts)
+    old_state, old_weights = load_checkpoint(old).state, load_checkpoint(old).tensors["trainable"]
+    assert old.name == "checkpoint-00000003"
+    new_cfg = dataclasses.replace(old_cfg, learning_rate=5e-4, checkpoint_every=2)  # saves at steps 2 and 3
+    with pytest.raises(CheckpointMismatchError):  # what makes the stage start over
+        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path)
+
+    def crash_at_step_1(metrics, step):
+        raise Crash
+
+    with pytest.raises(Crash):
+        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, crash_at_step_1, resume=False)
+    assert list_checkpoints(ckpts) == [old]
+    kept = load_checkpoint(old)
+    assert kept.state == old_state and kept.tensors["trainable"].keys() == old_weights.keys()
+    for key, value in old_weights.items():
+        assert torch.equal(kept.tensors["trainable"][key], value)
+    # still the previous run's: resuming it with its own config finds all 3 steps done
+    assert train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path).global_step == 3
+
+    listings = {}
+
+    def watch(metrics, step):  # emit comes before the step's checkpoint
+        listings[step] = [p.name for p in list_checkpoints(ckpts)]
+
+    train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, watch, resume=False)
+    assert listings == {1: [old.name], 2: [old.name], 3: ["checkpoint-00000002"]}
+    (new,) = list_checkpoints(ckpts)
+    assert new.name == "checkpoint-00000003" and load_checkpoint(new).state["fingerprint"] != old_state["fingerprint"]
+
+
+# ------------------------------------------------------------------------------- budget checks at start
+
+
+def test_kv_cache_estimate_by_hand():
+    config = build_tiny_causal_lm(0)[0].config  # 2 layers, 4 heads of 32 / 4 = 8 dims, 2 key/value heads
+    # 8 rows × 100 tokens × 2 layers × 2 (K, V) × (2 × 8) × 4 bytes
+    assert rollout_kv_cache_bytes(config, 8, 100, 4) == 8 * 100 * 2 * 2 * 16 * 4 == 204_800
+    config.num_key_value_heads = 4  # no grouped-query attention: the hidden size
+    assert rollout_kv_cache_bytes(config, 8, 100, 4) == 8 * 100 * 2 * 2 * 32 * 4
+
+
+def test_available_memory_reads_the_host():
+    total = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+    assert 0 < available_memory("cpu") <= total
+
+
+def longest_prompt_tokens(tok, problems) -> int:
+    return max(len(tok(build_chat_prompt(tok, user_message(p)), add_special_tokens=False).input_ids) for p in problems)
+
+
+def test_a_rollout_batch_beyond_the_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    model, tok = build_tiny_causal_lm(0)
+    cfg = RLConfig(**dict(BASE, prompts_per_step=4, group_size=64, max_new_tokens=64))
+    longest = longest_prompt_tokens(tok, PROBLEMS)
+    need = rollout_kv_cache_bytes(model.config, 4 * 64, longest + 64, 4)  # float32 weights
+    assert need == 256 * (longest + 64) * 2 * 2 * 16 * 4
+    monkeypatch.setattr(models.rl, "available_memory", lambda device: need)
+    check_rollout_fits(model, tok, PROBLEMS, cfg, "cpu")  # exactly enough
+    monkeypatch.setattr(models.rl, "available_memory", lambda device: need - 1)
+    with pytest.raises(ValueError) as info:
+        train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    message = str(info.value)
+    assert "didpo.prompts_per_step × didpo.group_size = 4 × 64 rows" in message
+    assert f"{longest} prompt + didpo.max_new_tokens 64 tokens" in message
+    assert "lower didpo.group_size, didpo.prompts_per_step or didpo.max_new_tokens" in message
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_max_new_tokens_beyond_the_model_context_is_refused(tmp_path):
+    model, tok = build_tiny_causal_lm(0)
+    context, longest = model.config.max_position_embeddings, longest_prompt_tokens(tok, PROBLEMS)
+    assert (context, longest) == (2048, 56)
+    fits = RLConfig(**dict(BASE, max_new_tokens=context - longest))
+    check_rollout_fits(model, tok, PROBLEMS, fits, "cpu")
+    too_long = dataclasses.replace(fits, max_new_tokens=context - longest + 1)
+    with pytest.raises(ValueError) as info:
+        train_rl(model, tok, PROBLEMS, too_long, IndexVerifier(), tmp_path)
+    assert str(info.value) == (
+        "didpo.max_new_tokens (1993) + the longest prompt (56 tokens) exceed the model's context (2048 tokens): "
+        "set didpo.max_new_tokens <= 1992"
+    )
+    assert not (tmp_path / "checkpoints").exists()
 
 
 # -------------------------------------------------------------------------------- one loop, three algos

@@ -321,6 +321,56 @@ def test_exact_resume_after_a_crash(tmp_path):
         )
 
 
+def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp_path):
+    """Issue 15: starting over (resume=False) keeps the previous run's checkpoint until this run has saved."""
+    ckpts = tmp_path / "checkpoints"
+    old_cfg = SFTConfig(**dict(BASE, max_steps=4, checkpoint_every=2))
+    train_sft(build_tiny_causal_lm(0)[0], build_tiny_causal_lm(0)[1], ROWS, [], old_cfg, tmp_path)
+    (old,) = list_checkpoints(ckpts)
+    old_state = load_checkpoint(old).state
+    new_cfg = dataclasses.replace(old_cfg, learning_rate=1e-3, checkpoint_every=3)  # saves at steps 3 and 4
+
+    def crash_at_step_1(metrics, step):
+        raise Crash
+
+    model, tok = build_tiny_causal_lm(0)
+    with pytest.raises(Crash):
+        train_sft(model, tok, ROWS, [], new_cfg, tmp_path, emit=crash_at_step_1, resume=False)
+    assert list_checkpoints(ckpts) == [old] and load_checkpoint(old).state == old_state
+    assert train_sft(build_tiny_causal_lm(0)[0], tok, ROWS, [], old_cfg, tmp_path).global_step == 4  # resumable
+
+    listings = {}
+
+    def watch(metrics, step):  # emitted before the step's checkpoint
+        listings[step] = [p.name for p in list_checkpoints(ckpts)]
+
+    train_sft(build_tiny_causal_lm(0)[0], tok, ROWS, [], new_cfg, tmp_path, emit=watch, resume=False)
+    assert listings == {1: [old.name], 2: [old.name], 3: [old.name], 4: ["checkpoint-00000003"]}
+    (new,) = list_checkpoints(ckpts)
+    assert new.name == "checkpoint-00000004" and load_checkpoint(new).state["fingerprint"] != old_state["fingerprint"]
+
+
+def test_max_seq_len_below_the_longest_prompt_is_refused_before_training(tmp_path):
+    _, tok = build_tiny_causal_lm(0)
+    rows = [dict(r) for r in ROWS[:6]]
+    rows[3]["instruction"] += " Keep the order of the strings and never modify the input list in place."
+    n_prompt = [e["n_prompt_tokens"] for e in build_sft_examples(tok, rows)]
+    longest = max(n_prompt)
+    assert n_prompt.index(longest) == 3 and sorted(n_prompt)[-2] < longest  # row 3 alone is longest
+    cfg = SFTConfig(**dict(BASE, max_seq_len=longest))
+    steps = []
+    with pytest.raises(ValueError) as info:
+        train_sft(build_tiny_causal_lm(0)[0], tok, rows, [], cfg, tmp_path, emit=lambda m, s: steps.append(s))
+    assert str(info.value).startswith(
+        f"sft.max_seq_len={longest} leaves no room for the answer of 1 of 6 rows: the longest prompt "
+        f"(DataClean/strip/0003) has {longest} tokens; set sft.max_seq_len > {longest}"
+    )
+    assert steps == [] and not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match=rf"of 6 of 6 rows: the longest prompt \(DataClean/strip/0003\) has {longest}"):
+        build_sft_examples(tok, rows, max_seq_len=min(n_prompt))
+    assert len(build_sft_examples(tok, rows, max_seq_len=longest + 1)) == 6
+
+
 def test_checkpoint_writes_are_atomic_and_pruned(tmp_path):
     t = {"w": {"x": torch.arange(3.0)}}
     save_checkpoint(tmp_path, 1, tensors=t, objects={"o": {"a": torch.ones(2)}}, state={"k": 1})
