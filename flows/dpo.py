@@ -1,7 +1,9 @@
 """Stage ``dpo``: DPO of a fresh LoRA on the SFT checkpoint against the SFT checkpoint itself (hash-verified).
 
-Reads the merged pairs of the selfplay stage; holds out a fraction of the prompts; measures format compliance,
-unsafe-code rate and greedy pass@1 on val before (SFT) and after (DPO). Outputs data/checkpoints/dpo/{adapter,merged},
+Reads the merged pairs of the selfplay stage; holds out a fraction of the prompts; exports the weights with the
+lowest held-out loss, the reference's when no update beats it. A smoke check (not a measurement: `dpo.val_problems`
+problems cannot show a change below about 6/n) of format compliance, unsafe-code rate and greedy pass on val before
+(SFT) and after (DPO), under ``smoke`` in the metrics. Outputs data/checkpoints/dpo/{adapter,merged},
 data/dpo/metrics.json and data/dpo/history.json (DVC plots). Resume checkpoints live in
 data/checkpoints/dpo/checkpoints/ (not a DVC out), as for sft.
 """
@@ -18,7 +20,7 @@ from flows.sft import OUT as SFT_OUT
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.dpo import answer_quality, expected_reference_hash, run_dpo
+from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check
 from tasks.io import write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.selfplay import read_pairs
@@ -30,7 +32,7 @@ HISTORY = Path("data/dpo/history.json")
 
 @flow(name="dpo")
 def run(params_path: str = "params.yaml") -> dict:
-    """Verify the reference, measure SFT answers, train, measure DPO answers; write metrics and history."""
+    """Verify the reference, smoke-check SFT answers, train, smoke-check DPO answers; write metrics and history."""
     from models.dpo import select_pairs, split_pairs
 
     params = load_params(params_path)
@@ -44,16 +46,10 @@ def run(params_path: str = "params.yaml") -> dict:
             before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)
             metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, OUT)
             after = answer_quality(OUT / "merged", dtype, problems, cfg.max_new_tokens, verifier)
-        metrics = {
-            **metrics,
-            "reference_sha256": expected,
-            "reference_hash_origin": origin,
-            "sft": before,
-            "dpo": after,
-        }
+        smoke, logged = smoke_check(before, after)
+        metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
         write_json(metrics, METRICS)
         write_json({"history": history}, HISTORY)
         tracking.log_artifacts(METRICS, HISTORY, artifact_path="dpo")
-        quality = {f"dpo/{when}/{k}": v for when in ("sft", "dpo") for k, v in metrics[when].items()}
-        tracking.mlflow_emit(quality, step=metrics["global_step"])
+        tracking.mlflow_emit(logged, step=metrics["global_step"])
     return metrics

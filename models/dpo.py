@@ -17,8 +17,12 @@ The loop, top to bottom (`train_dpo`):
    pairs (chosen and rejected stacked into one forward of 2·B rows); the per-pair losses are averaged over the whole
    accumulated batch, so accumulation equals one big batch;
 5. AdamW, gradient clipping, cosine schedule with linear warm-up, at most `MAX_EPOCHS` passes over the pairs;
-6. held-out reward accuracy and margin every ``eval_every`` steps, early stopping on them (best = highest accuracy,
-   ties broken by the higher margin), the best weights restored at the end;
+6. the held-out loss every ``eval_every`` steps, early stopping on it, the weights with the lowest held-out loss
+   restored at the end (`_BestEval`). The reference itself (step 0, before any update: ln 2 for sigmoid, the loss
+   type's own value for the others, SimPO and ORPO included) is a candidate, so when no update beats it the exported
+   weights are the reference's (``DPOResult.kept_reference``). Issue 17: selecting on held-out reward accuracy, which
+   is 0 at step 0 because every pair ties, let any update win; the recorded run kept a checkpoint whose held-out loss
+   was worse than the reference's (0.693 → 0.726);
 7. the likelihood-displacement monitor (Razin et al. 2024, "Unintentional Unalignment: Likelihood Displacement in
    Direct Preference Optimization"): at each evaluation the mean held-out chosen log-prob is compared with its value
    before training; when it has fallen by more than ``displacement_threshold`` nats while the margin grew, the run
@@ -92,9 +96,9 @@ class DPOConfig:
         max_grad_norm: clip the global gradient norm to this; 0 disables clipping (the norm is still logged).
         max_seq_len: longest tokenised prompt + answer; longer answers are truncated on the right.
         eval_every: held-out evaluation every this many steps (and after the last); 0 disables evaluation, early
-            stopping and the displacement monitor.
-        early_stopping_patience: stop after this many evaluations in a row without a better held-out (accuracy,
-            margin); 0 disables early stopping.
+            stopping, best-checkpoint selection and the displacement monitor.
+        early_stopping_patience: stop after this many evaluations in a row without a lower held-out loss than the
+            best so far (the reference's at step 0 included); 0 disables early stopping.
         displacement_threshold: nats; the monitor fires when the mean held-out chosen log-prob is this much below its
             value before training while the held-out margin is above its starting value. 0 disables the monitor.
         ches_filter_quantile: drop this fraction of the training pairs with the highest CHES score before training,
@@ -105,9 +109,10 @@ class DPOConfig:
         mixed_precision: "auto" (bf16 autocast on CUDA with bf16 support), "bf16" or "no".
         held_out_frac: the dpo stage holds out this fraction of the prompts (all their pairs) for evaluation, in
             [0, 0.5]; not read by `train_dpo`.
-        val_problems: the dpo stage measures format compliance, unsafe-code rate and greedy pass@1 on this many val
-            problems before and after DPO (0 = all); not read by `train_dpo`.
-        max_new_tokens: generation budget of that measurement (tokens); not read by `train_dpo`.
+        val_problems: the dpo stage's smoke check (format compliance, unsafe-code rate, greedy pass) on this many
+            val problems before and after DPO (0 = all): not a measurement, n problems cannot show a change below about
+            6/n (`tasks.dpo.smoke_check`); not read by `train_dpo`.
+        max_new_tokens: generation budget of that check (tokens); not read by `train_dpo`.
         max_pairs: the dpo stage trains on at most this many pairs (0 = all), chosen by `select_pairs`: the reference
             log-probs of every pair are computed up front, so pairs a short run never reaches only cost time.
     """
@@ -179,9 +184,12 @@ class DPOResult:
 
     Attributes:
         global_step: optimizer steps done.
-        best_step: the step whose weights are exported (best held-out accuracy, then margin); None without
-            evaluation (the last weights are exported).
+        best_step: the step whose weights are exported: the lowest held-out loss, step 0 (the reference) included;
+            None without evaluation (the last weights are exported).
         best_eval: the held-out metrics at `best_step` (``dpo/eval_*`` keys), {} without evaluation.
+        kept_reference: no update beat the reference's held-out loss (`best_step` 0): the exported weights are the
+            reference's (the untrained adapter, whose merge leaves them unchanged).
+        selection: why `best_step` was exported, in words (losses included).
         start_eval: the held-out metrics before any update (step 0), {} without evaluation.
         stopped_early: training ended by early stopping or by the displacement monitor.
         displacement: the likelihood-displacement monitor fired.
@@ -198,6 +206,8 @@ class DPOResult:
     global_step: int
     best_step: int | None
     best_eval: dict[str, float]
+    kept_reference: bool
+    selection: str
     start_eval: dict[str, float]
     stopped_early: bool
     displacement: bool
@@ -623,16 +633,19 @@ def pair_metrics(
     rejected_n: torch.Tensor,
     prefix: str = "dpo/",
 ) -> dict[str, float]:
-    """Mean loss, rewards, margin, accuracy and log-probs over pairs (all (N,)), under TRL's meanings."""
+    """Mean loss, rewards, margin, accuracy and log-probs over pairs (all (N,)), under TRL's meanings, except that a
+    tied pair counts 0.5 in the accuracy (half right; TRL counts 0), so the reference at step 0, where every
+    reference-based reward is 0, scores 0.5 rather than 0 (issue 17)."""
     losses, chosen_rewards, rejected_rewards = preference_losses(
         cfg, chosen_logps, rejected_logps, ref_chosen, ref_rejected, chosen_n, rejected_n
     )
+    right = (chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()
     return {
         f"{prefix}loss": losses.mean().item(),
         f"{prefix}rewards_chosen": chosen_rewards.mean().item(),
         f"{prefix}rewards_rejected": rejected_rewards.mean().item(),
         f"{prefix}rewards_margin": (chosen_rewards - rejected_rewards).mean().item(),
-        f"{prefix}rewards_accuracy": (chosen_rewards > rejected_rewards).float().mean().item(),
+        f"{prefix}rewards_accuracy": right.mean().item(),
         f"{prefix}logps_chosen": chosen_logps.detach().mean().item(),
         f"{prefix}logps_rejected": rejected_logps.detach().mean().item(),
     }
@@ -647,17 +660,20 @@ def displaced(start: dict[str, float], now: dict[str, float], threshold: float) 
 
 
 class _BestEval:
-    """Early stopping on held-out (accuracy, margin), compared lexicographically, higher is better."""
+    """Best-checkpoint selection and early stopping on the held-out loss, lower is better; a tie keeps the earlier
+    step. `train_dpo` enters the reference's loss at step 0 first, so an update must beat doing nothing to be kept
+    (issue 17: held-out reward accuracy, 0 at step 0 since every pair ties, let a worse update win)."""
 
     def __init__(self, patience: int):
         self.patience = patience
-        self.best: list[float] | None = None
+        self.best_loss: float | None = None
         self.best_step: int | None = None
         self.bad_evals = 0
 
-    def update(self, accuracy: float, margin: float, step: int) -> bool:
-        if self.best is None or (accuracy, margin) > tuple(self.best):
-            self.best, self.best_step, self.bad_evals = [accuracy, margin], step, 0
+    def update(self, loss: float, step: int) -> bool:
+        """Record an evaluation; True when it is the new best."""
+        if self.best_loss is None or loss < self.best_loss:
+            self.best_loss, self.best_step, self.bad_evals = loss, step, 0
             return True
         self.bad_evals += 1
         return False
@@ -667,10 +683,22 @@ class _BestEval:
         return self.patience > 0 and self.bad_evals >= self.patience
 
     def state_dict(self) -> dict:
-        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
+        return {"best_loss": self.best_loss, "best_step": self.best_step, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict) -> None:
-        self.best, self.best_step, self.bad_evals = state["best"], state["best_step"], state["bad_evals"]
+        self.best_loss, self.best_step, self.bad_evals = state["best_loss"], state["best_step"], state["bad_evals"]
+
+
+def _selection(best_step: int | None, start_eval: dict, best_eval: dict, history: list[dict]) -> str:
+    """`DPOResult.selection`: why `best_step` is the exported one."""
+    if best_step is None:
+        return "no held-out evaluation: the last step's weights are exported"
+    start = start_eval["dpo/eval_loss"]
+    if best_step > 0:
+        return f"step {best_step}: held-out loss {best_eval['dpo/eval_loss']:.4f} < the reference's {start:.4f}"
+    updates = [h["dpo/eval_loss"] for h in history if h["step"] > 0 and "dpo/eval_loss" in h]
+    best_update = f" (the best update's: {min(updates):.4f})" if updates else ""
+    return f"no update beat the reference's held-out loss {start:.4f}{best_update}: the reference is exported"
 
 
 def _answer_lengths(pairs: Sequence[dict]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -691,6 +719,7 @@ def _fingerprint(cfg: DPOConfig, train: Sequence[dict], evals: Sequence[dict], r
             [(p["chosen"]["input_ids"], p["chosen"]["labels"], p["rejected"]["input_ids"]) for p in train],
             [(p["chosen"]["input_ids"], p["rejected"]["input_ids"]) for p in evals],
             reference_sha256,
+            "best = lowest held-out loss",  # checkpoints selected by another rule (issue 17) are not resumed
         ]
     )
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -870,7 +899,7 @@ def train_dpo(
         # The untrained adapter is the first "best": an evaluation must beat doing nothing to be exported.
         ref_eval = ref["eval_chosen"], ref["eval_rejected"]
         start_eval = pair_metrics(cfg, *ref_eval, *ref_eval, *_answer_lengths(evals), prefix="dpo/eval_")
-        stopper.update(start_eval["dpo/eval_rewards_accuracy"], start_eval["dpo/eval_rewards_margin"], 0)
+        stopper.update(start_eval["dpo/eval_loss"], 0)
         best_weights, best_eval = trainable_state_dict(model), start_eval
         record({**start_eval, "dpo/eval_chosen_logp_drop": 0.0, "dpo/eval_displaced": 0.0}, 0)
 
@@ -924,7 +953,7 @@ def train_dpo(
                     stacklevel=2,
                 )
             else:
-                if stopper.update(now["dpo/eval_rewards_accuracy"], now["dpo/eval_rewards_margin"], step):
+                if stopper.update(now["dpo/eval_loss"], step):
                     best_weights, best_eval = trainable_state_dict(model), now
                 stopped_early = stopper.should_stop
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == total_steps or stopped_early):
@@ -945,6 +974,8 @@ def train_dpo(
         global_step=step,
         best_step=stopper.best_step,
         best_eval=best_eval,
+        kept_reference=stopper.best_step == 0,
+        selection=_selection(stopper.best_step, start_eval, best_eval, history),
         start_eval=start_eval,
         stopped_early=stopped_early,
         displacement=displacement_step is not None,

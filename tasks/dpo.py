@@ -1,4 +1,4 @@
-"""The ``dpo`` stage's work: check the reference, split the pairs, train (models.dpo), measure answers."""
+"""The ``dpo`` stage's work: check the reference, split the pairs, train (models.dpo), smoke-check answers."""
 
 from __future__ import annotations
 
@@ -28,10 +28,34 @@ def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:
     return checkpoint_hash(merged), "computed"
 
 
+SMOKE_NOTE = (
+    "smoke check, not a measurement: one greedy answer on each of {n} val problems, before (SFT) and after (DPO); a "
+    "change below about 6/{n} (six problems flipped, all one way: the fewest a two-sided sign test at 5% can tell "
+    "from noise) cannot show here. Measured in the evaluate stage."
+)
+
+
+def smoke_check(before: dict, after: dict) -> tuple[dict, dict[str, float]]:
+    """The before/after `answer_quality` of the dpo stage as ``(metrics.json section, MLflow metrics)``.
+
+    Issue 17: the recorded run reported these as "pass@1" before/after on 10 problems, which cannot register fewer
+    than 6 flips; the keys say what they are: ``smoke.{before,after}.greedy_pass`` in metrics.json, with the note,
+    and ``dpo/smoke_<metric>_{before,after}`` (plus ``dpo/smoke_n_problems``) in MLflow.
+    """
+    n = before.get("n_problems", 0)
+    note = SMOKE_NOTE.format(n=n) if n else "no val problems: no smoke check"
+    section = {"note": note, "n_problems": n, "before": before, "after": after}
+    logged = {"dpo/smoke_n_problems": n}
+    for when, quality in (("before", before), ("after", after)):
+        logged |= {f"dpo/smoke_{k}_{when}": v for k, v in quality.items() if k != "n_problems"}
+    return section, logged
+
+
 @task(cache_policy=NO_CACHE)
 def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_tokens: int, verifier) -> dict:
-    """One greedy answer per problem: ``format_compliance`` and ``unsafe_rate`` (fractions of answers,
-    `models.answer_format.check_format`), ``pass@1`` (fraction whose code passes every test), ``n_problems``."""
+    """The smoke check's half on one checkpoint (`smoke_check`, `SMOKE_NOTE`): one greedy answer per problem;
+    ``format_compliance`` and ``unsafe_rate`` (fractions of answers, `models.answer_format.check_format`),
+    ``greedy_pass`` (fraction whose code passes every test), ``n_problems``."""
     from models.answer_format import check_format
     from models.evaluation import sample_and_verify
     from models.policy import load_policy
@@ -47,7 +71,7 @@ def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_t
         "n_problems": len(results),
         "format_compliance": sum(r.compliant for r in reports) / len(reports),
         "unsafe_rate": sum(bool(r.unsafe) for r in reports) / len(reports),
-        "pass@1": sum(r.c for r in results) / len(results),
+        "greedy_pass": sum(r.c for r in results) / len(results),
     }
 
 
@@ -92,6 +116,8 @@ def run_dpo(
     metrics = {
         "global_step": result.global_step,
         "best_step": result.best_step,
+        "kept_reference": result.kept_reference,
+        "selection": result.selection,
         "stopped_early": result.stopped_early,
         "displacement": result.displacement,
         "displacement_step": result.displacement_step,

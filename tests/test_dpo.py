@@ -1,5 +1,6 @@
 """DPO: losses against TRL and by hand, sequence log-probs, the reference hash, cached reference log-probs, exact
-resume, accumulation invariance, the CHES filter and the likelihood-displacement monitor.
+resume, accumulation invariance, the CHES filter, the likelihood-displacement monitor and the best-checkpoint rule
+(lowest held-out loss, the reference at step 0 included; issue 17).
 
 Tiny random Llama models (`models.policy.build_tiny_causal_lm`), CPU, seconds; TRL is a test oracle only.
 """
@@ -326,7 +327,7 @@ def test_first_step_loss_is_ln2_and_reference_logps_are_computed_once(tmp_path, 
     first = next(h for h in result.history if h["step"] == 1 and "dpo/loss" in h)
     # the cached reference log-probs are the policy's own before the first update
     assert abs(first["dpo/loss"] - math.log(2)) < 1e-6
-    assert abs(first["dpo/rewards_margin"]) < 1e-6 and first["dpo/rewards_accuracy"] == 0.0
+    assert abs(first["dpo/rewards_margin"]) < 1e-6 and first["dpo/rewards_accuracy"] == 0.5  # every pair ties
     start = result.history[0]
     assert start["step"] == 0 and abs(start["dpo/eval_loss"] - math.log(2)) < 1e-6  # float32
     assert result.start_eval["dpo/eval_rewards_margin"] == 0.0
@@ -362,6 +363,111 @@ def test_exact_resume_uses_the_cached_reference_logps(tmp_path, monkeypatch):
         train_dpo(
             build_tiny_causal_lm(0)[0], tok, PAIRS[:6], PAIRS[6:], cfg, tmp_path / "resumed", reference_sha256="zzz"
         )
+
+
+# ------------------------------------------------------------------- the best checkpoint (issue 17, item 6)
+
+SWAPPED = [dict(p, chosen=p["rejected"], rejected=p["chosen"]) for p in PAIRS[6:]]  # held out against the training
+
+
+def eval_losses(result) -> dict[int, float]:
+    return {h["step"]: h["dpo/eval_loss"] for h in result.history if "dpo/eval_loss" in h}
+
+
+def assert_reference_weights(merged_path):
+    """The exported merged weights are the reference's (`build_tiny_causal_lm(0)`), bit for bit."""
+    from safetensors.torch import load_file
+
+    reference = build_tiny_causal_lm(0)[0].state_dict()
+    merged = load_file(merged_path / "model.safetensors")
+    assert merged and all(torch.equal(value, reference[key]) for key, value in merged.items())
+
+
+def test_tied_pairs_count_half_in_the_accuracy():
+    cfg = DPOConfig(**BASE)
+    ref = torch.tensor([-5.0, -5.0, -5.0]), torch.tensor([-6.0, -6.0, -6.0])
+    n = torch.tensor([3, 3, 3])
+    at_reference = dpo.pair_metrics(cfg, *ref, *ref, n, n)
+    assert at_reference["dpo/rewards_accuracy"] == 0.5 and at_reference["dpo/rewards_margin"] == 0.0
+    # pair 0 right, pair 1 tied, pair 2 wrong: (1 + 0.5 + 0) / 3
+    moved = dpo.pair_metrics(cfg, torch.tensor([-4.0, -5.0, -6.0]), torch.tensor([-6.0, -6.0, -5.0]), *ref, n, n)
+    assert abs(moved["dpo/rewards_accuracy"] - 0.5) < 1e-7
+    moved = dpo.pair_metrics(cfg, torch.tensor([-4.0, -4.0, -5.0]), torch.tensor([-6.0, -6.0, -6.0]), *ref, n, n)
+    assert abs(moved["dpo/rewards_accuracy"] - 2.5 / 3) < 1e-7
+
+
+def test_updates_that_worsen_the_held_out_loss_export_the_reference(tmp_path):
+    cfg = DPOConfig(**dict(BASE, max_steps=6, eval_every=1, early_stopping_patience=2))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_dpo(model, tok, PAIRS[:6], SWAPPED, cfg, tmp_path)
+    losses = eval_losses(result)
+    assert abs(losses[0] - math.log(2)) < 1e-6 and all(losses[s] > losses[0] for s in (1, 2))
+    assert result.best_step == 0 and result.kept_reference and result.best_eval == result.start_eval
+    assert result.stopped_early and result.global_step == 2  # two evaluations in a row no better than step 0
+    assert "no update beat the reference's held-out loss 0.6931" in result.selection
+    assert_reference_weights(result.merged_path)
+
+
+def test_the_lowest_held_out_loss_is_exported_and_stops_early(tmp_path, monkeypatch):
+    """Planted held-out losses (the real ones replaced after step 0): step 2 is the best; two worse evaluations after
+    it stop the run at step 4, so steps 5 and 6 (lower still) are never reached; step 2's adapter is exported."""
+    planted = iter([0.70, 0.60, 0.65, 0.62, 0.50, 0.40])
+    real = dpo.pair_metrics
+    seen = []
+
+    def plant(*args, **kwargs):
+        metrics = real(*args, **kwargs)
+        if "dpo/eval_" in (kwargs.get("prefix"), *args[7:]):  # a held-out evaluation
+            seen.append(metrics["dpo/eval_loss"])
+            if len(seen) > 1:  # the reference's own evaluation at step 0 is kept
+                metrics["dpo/eval_loss"] = next(planted)
+        return metrics
+
+    monkeypatch.setattr(dpo, "pair_metrics", plant)
+    cfg = DPOConfig(**dict(BASE, max_steps=6, eval_every=1, early_stopping_patience=2))
+    model, tok = build_tiny_causal_lm(0)
+    adapters = {}
+
+    def snapshot(metrics, step):  # the adapter as evaluated at `step`
+        if "dpo/eval_loss" in metrics:
+            adapters[step] = {
+                "base_model.model." + n.replace(".default", ""): p.detach().clone()
+                for n, p in model.named_parameters()
+                if "lora_" in n
+            }
+
+    result = train_dpo(model, tok, PAIRS[:6], PAIRS[6:], cfg, tmp_path, snapshot)
+    assert eval_losses(result) == {0: pytest.approx(math.log(2)), 1: 0.70, 2: 0.60, 3: 0.65, 4: 0.62}
+    assert result.best_step == 2 and result.best_eval["dpo/eval_loss"] == 0.60 and not result.kept_reference
+    assert result.stopped_early and result.global_step == 4
+    assert result.selection == "step 2: held-out loss 0.6000 < the reference's 0.6931"
+    from safetensors.torch import load_file
+
+    exported = load_file(result.adapter_path / "adapter_model.safetensors")
+    assert exported.keys() == adapters[2].keys()
+    assert all(torch.equal(exported[k], adapters[2][k]) for k in exported)
+    assert not all(torch.equal(exported[k], adapters[4][k]) for k in exported)
+
+
+def test_resume_keeps_the_best_so_far(tmp_path):
+    """A run that crashed after its step-2 checkpoint, with the reference best so far, still exports the reference."""
+    cfg = DPOConfig(**dict(BASE, max_steps=4, eval_every=1, checkpoint_every=2, early_stopping_patience=0))
+    straight = train_dpo(*build_tiny_causal_lm(0), PAIRS[:6], SWAPPED, cfg, tmp_path / "straight")
+
+    def crash_at_step_3(metrics, step):
+        if step == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train_dpo(*build_tiny_causal_lm(0), PAIRS[:6], SWAPPED, cfg, tmp_path / "resumed", crash_at_step_3)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "resumed/checkpoints"))
+    assert saved.step == 2 and saved.state["early_stopping"]["best_step"] == 0
+    assert abs(saved.state["early_stopping"]["best_loss"] - math.log(2)) < 1e-6 and "best" in saved.tensors
+    resumed = train_dpo(*build_tiny_causal_lm(0), PAIRS[:6], SWAPPED, cfg, tmp_path / "resumed")
+    assert resumed.history == straight.history and resumed.global_step == 4
+    assert resumed.best_step == straight.best_step == 0 and resumed.kept_reference and straight.kept_reference
+    assert resumed.selection == straight.selection
+    assert_reference_weights(resumed.merged_path)
 
 
 def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp_path):

@@ -11,7 +11,7 @@ from models.dpo import DPOConfig, ReferenceMismatchError, checkpoint_hash, split
 from models.policy import build_tiny_causal_lm
 from models.selfplay import SelfplayConfig
 from models.verifier import Verdict
-from tasks.dpo import expected_reference_hash, run_dpo
+from tasks.dpo import expected_reference_hash, run_dpo, smoke_check
 from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
 from tests.test_dpo import BASE, PAIRS
 
@@ -101,3 +101,26 @@ def test_run_dpo_refuses_another_reference_and_trains_on_the_right_one(tmp_path,
     assert metrics["global_step"] == 2 and metrics["n_train_pairs"] == 6 and metrics["n_held_out_pairs"] == 2
     assert history[0]["step"] == 0 and (tmp_path / "out/merged/config.json").is_file()
     assert [step for step, _ in emitted] == [h["step"] for h in history]
+    assert metrics["kept_reference"] == (metrics["best_step"] == 0) and metrics["selection"].startswith(
+        f"step {metrics['best_step']}:" if metrics["best_step"] else "no update beat"
+    )
+
+
+def test_the_before_after_check_is_named_a_smoke_check():
+    """Issue 17: greedy answers on n val problems cannot show a change below about 6/n; the keys say so."""
+    before = {"n_problems": 10, "format_compliance": 1.0, "unsafe_rate": 0.0, "greedy_pass": 0.3}
+    after = dict(before, greedy_pass=0.4)
+    section, logged = smoke_check(before, after)
+    assert section["before"] == before and section["after"] == after and section["n_problems"] == 10
+    assert "smoke check, not a measurement" in section["note"] and "6/10" in section["note"]
+    assert logged == {
+        "dpo/smoke_n_problems": 10,
+        "dpo/smoke_format_compliance_before": 1.0,
+        "dpo/smoke_unsafe_rate_before": 0.0,
+        "dpo/smoke_greedy_pass_before": 0.3,
+        "dpo/smoke_format_compliance_after": 1.0,
+        "dpo/smoke_unsafe_rate_after": 0.0,
+        "dpo/smoke_greedy_pass_after": 0.4,
+    }
+    assert not any("pass@1" in key for key in logged)
+    assert smoke_check({"n_problems": 0}, {"n_problems": 0})[1] == {"dpo/smoke_n_problems": 0}
