@@ -57,8 +57,8 @@ ablation: setup
 	for a in grpo dapo didpo; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
 	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
 
-# The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems, DPO vs RL only.
-LARGE := -S didpo.steps=24 -S evaluate.val_problems=20 -S evaluate.test_problems=2 -S evaluate.humaneval_problems=2 \
+# The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems (1 a family), DPO vs RL only.
+LARGE := -S didpo.steps=24 -S evaluate.val_per_family=1 -S evaluate.test_problems=2 -S evaluate.humaneval_problems=2 \
 	-S 'evaluate.checkpoints=[dpo,rl]' -S evaluate.process_problems=1
 run-large: setup
 	$(BIN)/dvc exp run $(LARGE)

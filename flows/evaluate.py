@@ -1,5 +1,11 @@
-"""Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL; ``evaluate.checkpoints``) on val, test and
-HumanEval, side by side.
+"""Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL; ``evaluate.checkpoints``) and the registry's
+champion on val, test and HumanEval, side by side, under one evaluation protocol (tasks/evaluate.py).
+
+The val problems are the protocol's (``evaluate.val_per_family`` per family, after the val problems the gate, SFT,
+DPO and the baseline use); every checkpoint answers the same problems with the same seeds. The champion is
+downloaded from the MLflow registry into a temporary folder and measured like the others, so the register stage
+compares figures of one run. data/evaluate/protocol.json is the protocol; per_problem.json holds every checkpoint's
+per-problem pass@1 for the paired tests.
 
 pass@{1,5,10,16}, the process metrics, format compliance and unsafe-code rate per checkpoint and split
 (tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with a paired bootstrap
@@ -9,6 +15,7 @@ the training curves of each training stage whose history file exists. Everything
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from prefect import flow
@@ -29,10 +36,13 @@ from tasks.evaluate import (
     passk_rows,
     plot_history,
     plot_passk,
+    protocol_record,
     read_history,
+    select_problems,
 )
 from tasks.io import write_json, write_lines
-from tasks.measure import make_verifier, read_problems
+from tasks.measure import make_verifier
+from tasks.registry import download_champion
 
 # Checkpoints in pipeline order (the names `evaluate.checkpoints` accepts); a missing one (its stage not run) is
 # skipped. The trained ones are merged exports; the base checkpoint is the base_model stage's folder.
@@ -45,6 +55,8 @@ HISTORIES = {
 OUT = Path("data/evaluate")
 METRICS = OUT / "metrics.json"
 DELTAS = OUT / "deltas.json"
+PROTOCOL = OUT / "protocol.json"
+PER_PROBLEM = OUT / "per_problem.json"
 REPORT = OUT / "report.md"
 SAMPLES = OUT / "samples"
 FIGURES = OUT / "figures"
@@ -55,9 +67,25 @@ def present_checkpoints() -> dict[str, Path]:
     return {name: path for name, path in CHECKPOINTS.items() if (path / "config.json").is_file()}
 
 
+def selection_prefix(params) -> int:
+    """How many val problems (from the first) other stages use to choose or smoke-check a checkpoint: the gate and
+    SFT's held-out loss (``gate.val_problems``), DPO's smoke check, the baseline. Raises ValueError when one of them
+    uses every val problem (0), since the protocol then has none left."""
+    used = {
+        "gate.val_problems": params.gate.val_problems,
+        "dpo.val_problems": params.dpo.val_problems,
+        "baseline.val_problems": params.baseline.val_problems,
+    }
+    every = [name for name, n in used.items() if n == 0]
+    if every:
+        raise ValueError(f"{every} = 0 uses every val problem: the evaluation protocol needs val problems of its own")
+    return max(used.values())
+
+
 @flow(name="evaluate")
 def run(params_path: str = "params.yaml") -> dict:
-    """Measure every present checkpoint; writes data/evaluate/ (metrics.json, report.md, plots, samples)."""
+    """Measure every present checkpoint and the champion; writes data/evaluate/ (metrics, protocol, per-problem
+    scores, report, plots, samples)."""
     import mlflow
 
     params = load_params(params_path)
@@ -67,17 +95,32 @@ def run(params_path: str = "params.yaml") -> dict:
         wanted = [str(CHECKPOINTS[name]) for name in cfg.checkpoints]
         raise FileNotFoundError(f"no checkpoint to evaluate: none of {wanted} (evaluate.checkpoints) exists")
     inputs = (str(VALID_PROBLEMS), *map(str, checkpoints.values()))
-    with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs):
-        problems = {split: read_problems(VALID_PROBLEMS, split, cfg.limit(split)) for split in SPLITS}
+    with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs), tempfile.TemporaryDirectory() as tmp:
+        problems = select_problems(VALID_PROBLEMS, cfg, selection_prefix(params))
+        protocol = protocol_record(cfg, problems)
+        champion_version = download_champion(params.register.model_name, Path(tmp) / "champion")
+        if champion_version is not None:
+            checkpoints["champion"] = Path(tmp) / "champion"
+        mlflow.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
         metrics, per_problem = {}, {}
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
                 metrics[name], per_problem[name] = evaluate_checkpoint(
                     path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name
                 )
-        deltas = pass1_deltas(per_problem, seed=cfg.seed)
+        families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
+        pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}
+        deltas = pass1_deltas(pipeline, families, seed=cfg.seed)
+        scores = {
+            name: {split: dict(zip(protocol["splits"][split], values, strict=True)) for split, values in s.items()}
+            for name, s in per_problem.items()
+        }
         write_json(metrics, METRICS)
         write_json(deltas, DELTAS)
+        write_json(protocol, PROTOCOL)
+        write_json(
+            {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, PER_PROBLEM
+        )
         write_lines([comparison_markdown(metrics) + "\n" + deltas_markdown(deltas).rstrip("\n")], REPORT)
         for split in SPLITS:
             write_json({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, OUT / f"passk_{split}.json")
@@ -88,7 +131,13 @@ def run(params_path: str = "params.yaml") -> dict:
         tracking.mlflow_emit(flat_metrics(metrics), step=0)
         mlflow.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
         tracking.log_artifacts(
-            METRICS, DELTAS, REPORT, *(OUT / f"passk_{s}.json" for s in SPLITS), artifact_path="evaluate"
+            METRICS,
+            DELTAS,
+            PROTOCOL,
+            PER_PROBLEM,
+            REPORT,
+            *(OUT / f"passk_{s}.json" for s in SPLITS),
+            artifact_path="evaluate",
         )
         tracking.log_artifacts(FIGURES, artifact_path="evaluate/figures")
     return metrics

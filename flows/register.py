@@ -1,8 +1,11 @@
-"""Stage ``register``: log the final model (RL, else DPO, else SFT) to the MLflow registry as the ``challenger`` and
-promote it to ``champion`` only when it beats the current champion (tasks/registry.py has the rule and the reasons).
+"""Stage ``register``: pick the candidate (the trained checkpoint of this run with the best primary metric), log it to
+the MLflow registry as the ``challenger`` and promote it to ``champion`` only when the pre-registered paired test
+against the incumbent (the champion measured in the same evaluate run, else the base model) says it is better
+(tasks/registry.py has the rule and the reasons).
 
-The decision and its reasons go to data/register/decision.json (DVC metrics), the MLflow run's tags and the model
-version's tags. ``didpo rollback`` moves ``champion`` back to the version it replaced.
+The decision, its reasons and the test (p, effect, interval, n, MDE) go to data/register/decision.json (DVC metrics),
+the MLflow run's tags and the model version's tags. ``didpo rollback`` moves ``champion`` back to the version it
+replaced.
 """
 
 from __future__ import annotations
@@ -13,37 +16,61 @@ from pathlib import Path
 from prefect import flow
 
 from flows.evaluate import METRICS as EVAL_METRICS
-from flows.evaluate import present_checkpoints
+from flows.evaluate import PER_PROBLEM, PROTOCOL, present_checkpoints
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
-from tasks.registry import final_checkpoint, flatten, register_and_decide
+from tasks.registry import Evidence, choose_candidate, flatten, register_and_decide
 
 DECISION = Path("data/register/decision.json")
 
 
 @flow(name="register")
 def run(params_path: str = "params.yaml") -> dict:
-    """Register the final checkpoint, decide champion/challenger, record the decision."""
+    """Choose the candidate, register it, decide champion/challenger, record the decision."""
     import mlflow
 
     params = load_params(params_path)
     cfg = params.register
-    checkpoint, path = final_checkpoint(present_checkpoints())
     evaluated = json.loads(EVAL_METRICS.read_text())
-    if checkpoint not in evaluated:
-        raise FileNotFoundError(f"{EVAL_METRICS} has no '{checkpoint}' metrics: run the evaluate stage first")
+    measured = json.loads(PER_PROBLEM.read_text())
+    families = json.loads(PROTOCOL.read_text())["families"]
+    evidence = {
+        name: Evidence(name, measured["protocol"], scores, families, flatten(evaluated[name]))
+        for name, scores in measured["checkpoints"].items()
+    }
+    candidate = choose_candidate(evidence, cfg)
+    incumbent = "champion" if "champion" in evidence else "base"
+    if incumbent not in evidence:
+        raise FileNotFoundError(
+            "no champion yet and the base model was not evaluated: add base to evaluate.checkpoints, so the first "
+            "version can be tested against it"
+        )
+    path = present_checkpoints()[candidate]
     with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path))):
-        result = register_and_decide(path, checkpoint, flatten(evaluated[checkpoint]), cfg, params.base_model.dtype)
+        result = register_and_decide(path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype)
         decision = result.as_dict()
         write_json(decision, DECISION)
         mlflow.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",
                 "didpo.model_version": str(result.version),
+                "didpo.candidate": result.checkpoint,
+                "didpo.incumbent": result.incumbent,
+                "didpo.protocol": result.protocol,
                 "didpo.reasons": "\n".join(result.reasons)[:4900],
             }
         )
-        tracking.mlflow_emit({"register/promoted": float(result.promoted), "register/version": result.version}, 0)
+        test = result.test
+        tracking.mlflow_emit(
+            {
+                "register/promoted": float(result.promoted),
+                "register/version": result.version,
+                "register/p_value": test["p_value"],
+                "register/effect": test["effect"],
+                "register/n_problems": test["n"],
+            },
+            0,
+        )
         tracking.log_artifacts(DECISION, artifact_path="register")
     return decision

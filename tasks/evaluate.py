@@ -3,8 +3,10 @@ safety — then the comparison table, the pass@k plots (DVC JSON + PNG) and the 
 
 Metric keys of one (checkpoint, split), in data/evaluate/metrics.json as ``{checkpoint: {split: {key: value}}}``:
 
-- ``pass@1``, ``pass@5``, ``pass@10``, ``pass@16``: unbiased pass@k (Chen et al. 2021 §2.1) from ``n_samples``
-  answers per problem; ``test_pass_rate``: mean fraction of tests passed (reward V2);
+- ``pass@1``, ``pass@2``, ``pass@5``, ``pass@10``, ``pass@16``: unbiased pass@k (Chen et al. 2021 §2.1) from
+  ``n_samples`` answers per problem, reported only where ``n_samples >= 2k`` (with fewer answers the estimate of a
+  problem is 0 or 1 and its spread is not worth a figure); ``test_pass_rate``: mean fraction of tests passed
+  (reward V2);
 - ``format_compliance``, ``unsafe_rate``, ``explanation_rate``: `models.process_metrics.format_rates` of every
   answer;
 - ``valid_prefix_rate``: mean over answers with code of `models.process_metrics.valid_prefix_rate`;
@@ -14,11 +16,17 @@ Metric keys of one (checkpoint, split), in data/evaluate/metrics.json as ``{chec
 - ``n_problems``, ``n_samples``.
 
 A value that cannot be measured (e.g. recovery when no clean continuation passes) is ``null``.
+
+**The evaluation protocol is data** (:func:`protocol_record`): which problems of each split (val: ``val_per_family``
+problems of every family, from the val problems after the ones the gate, SFT's held-out loss, DPO's smoke check and
+the baseline use), answers per problem, temperature, top-p, token budget and seed, with an id (a digest of all of it).
+Every checkpoint of one run, the registry's champion included, is measured under one protocol with the same seeds
+(common random numbers); the promotion rule refuses to compare figures of two protocols.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import itertools
 import json
 import time
@@ -29,11 +37,12 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-KS = (1, 5, 10, 16)
+KS = (1, 2, 5, 10, 16)
 SPLITS = ("val", "test", "humaneval")
 CHECKPOINT_NAMES = ("base", "sft", "dpo", "rl")  # pipeline order
 TABLE_COLUMNS = (
     "pass@1",
+    "pass@2",
     "pass@5",
     "pass@10",
     "pass@16",
@@ -54,8 +63,11 @@ class EvaluateConfig:
     weight).
 
     Attributes:
-        val_problems, test_problems, humaneval_problems: the first problems of each split measured (0 = all).
-        n_samples: answers per problem for pass@k (≥ 16: pass@16 needs n ≥ 16).
+        val_per_family: val problems measured per family (stratified), taken in file order from the val problems
+            after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
+            80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py).
+        test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
+        n_samples: answers per problem (≥ 2); pass@k is reported for k ≤ n / 2.
         temperature, top_p: sampling distribution of every answer and continuation.
         max_new_tokens: generation budget per answer and per recovery continuation (tokens).
         process_problems: the first problems of each split that also get decision consistency and error recovery
@@ -68,10 +80,10 @@ class EvaluateConfig:
             "did RL help?" measures ``[dpo, rl]`` and halves the stage's time.
     """
 
-    val_problems: int = 6
+    val_per_family: int = 4
     test_problems: int = 6
     humaneval_problems: int = 6
-    n_samples: int = 16
+    n_samples: int = 4
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 192
@@ -87,11 +99,11 @@ class EvaluateConfig:
         if unknown or not self.checkpoints:
             allowed, got = list(CHECKPOINT_NAMES), list(self.checkpoints)
             raise ValueError(f"evaluate.checkpoints must be a non-empty subset of {allowed}, got {got}")
-        for name in ("val_problems", "test_problems", "humaneval_problems", "process_problems"):
+        for name in ("val_per_family", "test_problems", "humaneval_problems", "process_problems"):
             if getattr(self, name) < 0:
                 raise ValueError(f"evaluate.{name} must be >= 0, got {getattr(self, name)}")
-        if self.n_samples < max(KS):
-            raise ValueError(f"evaluate.n_samples must be >= {max(KS)} (pass@{max(KS)}), got {self.n_samples}")
+        if self.n_samples < 2:
+            raise ValueError(f"evaluate.n_samples must be >= 2 (pass@1 and its spread), got {self.n_samples}")
         if self.consistency_samples < 2:
             raise ValueError(f"evaluate.consistency_samples must be >= 2, got {self.consistency_samples}")
         for name in ("process_prefixes", "recovery_samples", "max_new_tokens"):
@@ -100,9 +112,56 @@ class EvaluateConfig:
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise ValueError("evaluate.temperature must be > 0 and evaluate.top_p in (0, 1]")
 
-    def limit(self, split: str) -> int:
-        """How many problems of `split` are measured (0 = all)."""
-        return {"val": self.val_problems, "test": self.test_problems, "humaneval": self.humaneval_problems}[split]
+    def ks(self) -> tuple[int, ...]:
+        """The k of pass@k reported: those with ``n_samples >= 2k``."""
+        return tuple(k for k in KS if self.n_samples >= 2 * k)
+
+
+def protocol_problems(val_rows: Sequence[dict], skip: int, per_family: int) -> list[dict]:
+    """The protocol's val problems: ``per_family`` of every family (0 = all), in file order, from ``val_rows[skip:]``.
+
+    ``skip`` is the selection prefix (the first val problems the gate, SFT's held-out loss, DPO's smoke check and the
+    baseline use), so no figure that chose a checkpoint is also the figure that judges it. Families are taken from
+    the row's ``family`` (``source`` when absent); the result is ordered by family, then file order.
+    """
+    by_family: dict[str, list[dict]] = {}
+    for row in val_rows[skip:]:
+        by_family.setdefault(str(row.get("family") or row.get("source") or "unknown"), []).append(row)
+    out = []
+    for family in sorted(by_family):
+        rows = by_family[family]
+        out += rows[:per_family] if per_family else rows
+    return out
+
+
+def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, list[dict]]:
+    """The protocol's problems of every split from a validated problems file: val by `protocol_problems` after the
+    first ``skip`` val problems, test and HumanEval the first ``test_problems`` / ``humaneval_problems``."""
+    from tasks.measure import read_problems
+
+    return {
+        "val": protocol_problems(read_problems(problems_path, "val"), skip, cfg.val_per_family),
+        "test": read_problems(problems_path, "test", cfg.test_problems),
+        "humaneval": read_problems(problems_path, "humaneval", cfg.humaneval_problems),
+    }
+
+
+def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]]) -> dict:
+    """The evaluation protocol as data: the task ids and families of every split, answers per problem, the sampling
+    settings and seed, and ``id`` (the first 16 hex digits of the sha256 of everything else)."""
+    record = {
+        "splits": {split: [p["task_id"] for p in rows] for split, rows in problems.items()},
+        "families": {
+            p["task_id"]: str(p.get("family") or p.get("source") or "unknown") for r in problems.values() for p in r
+        },
+        "n_samples": cfg.n_samples,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_new_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+    }
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+    return {"id": digest, **record}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -176,7 +235,7 @@ def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConf
     if not problems:
         return metrics, []
     results = sample_and_verify(model, tokenizer, problems, sampling, verifier)
-    metrics.update(summarise(results, KS))
+    metrics.update(summarise(results, cfg.ks()))
     metrics.update(answer_metrics(problems, results))
     subset = list(problems[: cfg.process_problems])
     if subset:
@@ -264,14 +323,18 @@ def comparison_table(metrics: dict) -> dict[str, list]:
     return table
 
 
-def pass1_deltas(per_problem: dict[str, dict[str, list[float]]], confidence: float = 0.95, seed: int = 0) -> dict:
-    """pass@1 change between consecutive checkpoints, with a paired bootstrap interval over problems.
+def pass1_deltas(
+    per_problem: dict[str, dict[str, list[float]]], families: dict[str, list[str]] | None = None, seed: int = 0
+) -> dict:
+    """pass@1 change between consecutive checkpoints, each with the paired test of the promotion rule.
 
     per_problem: ``{checkpoint: {split: [pass@1 of each problem]}}`` in pipeline order (the same problems for every
-    checkpoint). Returns ``{"<before>_to_<after>": {split: {"delta", "low", "high", "n_problems", "confidence"}}}``
-    for each consecutive pair (`models.passk.paired_delta_ci`); a split with no problems is left out.
+    checkpoint); families: ``{split: [family of each problem]}`` for the cluster check. Returns
+    ``{"<before>_to_<after>": {split: {"delta", "low", "high", "confidence", "p_value", "method", "mde", "sd",
+    "n_problems", "n_discordant", "cluster_p", "n_clusters"}}}`` (`models.significance.paired_test`, one-sided:
+    "after is better"); a split with no problems is left out.
     """
-    from models.passk import paired_delta_ci
+    from models.significance import paired_test
 
     names = list(per_problem)
     out: dict = {}
@@ -279,28 +342,46 @@ def pass1_deltas(per_problem: dict[str, dict[str, list[float]]], confidence: flo
         pair = {}
         for split, scores in per_problem[before].items():
             if scores and split in per_problem[after]:
-                d = paired_delta_ci(scores, per_problem[after][split], confidence=confidence, seed=seed)
-                pair[split] = dataclasses.asdict(d)
+                clusters = (families or {}).get(split)
+                t = paired_test(scores, per_problem[after][split], clusters=clusters, seed=seed)
+                pair[split] = {
+                    "delta": t.effect,
+                    "low": t.low,
+                    "high": t.high,
+                    "confidence": t.confidence,
+                    "p_value": t.p_value,
+                    "method": t.method,
+                    "mde": t.mde if t.mde == t.mde else None,  # NaN (below 2 problems) is not JSON
+                    "sd": t.sd,
+                    "n_problems": t.n,
+                    "n_discordant": t.n_discordant,
+                    "cluster_p": t.cluster_p,
+                    "n_clusters": t.n_clusters,
+                }
         out[f"{before}_to_{after}"] = pair
     return out
 
 
 def deltas_markdown(deltas: dict) -> str:
-    """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, problems)."""
+    """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, p, MDE, problems)."""
     out = [
         "## pass@1 change between consecutive checkpoints",
         "",
-        "Δ = mean over problems of pass@1(after) − pass@1(before); interval: paired bootstrap over problems "
-        "(percentile, 10,000 resamples). An interval that contains 0 shows no change at this sample size.",
+        "Δ = mean over problems of pass@1(after) − pass@1(before); interval: paired t, never narrower than the "
+        'Clopper–Pearson bound for no changed problem; p: one-sided paired sign-flip test of "after is better"; '
+        "MDE: the change this many problems detect with power 0.8 at α 0.05 (t formula at the observed spread; "
+        "– below 2 problems). An interval that contains 0 is no change detected, not a trend.",
         "",
-        "| change | split | Δ pass@1 | interval | problems |",
-        "|---|---|---:|---|---:|",
+        "| change | split | Δ pass@1 | 95% interval | p (one-sided) | MDE | problems (changed) |",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
     for pair, per_split in deltas.items():
         for split, d in per_split.items():
-            interval = "–" if d["low"] is None else f"[{d['low']:+.3f}, {d['high']:+.3f}] ({d['confidence']:.0%})"
+            mde = "–" if d["mde"] is None else f"{d['mde']:.3f}"
+            interval = f"[{d['low']:+.3f}, {d['high']:+.3f}]"
             out.append(
-                f"| {pair.replace('_to_', ' → ')} | {split} | {d['delta']:+.3f} | {interval} | {d['n_problems']} |"
+                f"| {pair.replace('_to_', ' → ')} | {split} | {d['delta']:+.3f} | {interval} | {d['p_value']:.4f} | "
+                f"{mde} | {d['n_problems']} ({d['n_discordant']}) |"
             )
     return "\n".join(out) + "\n"
 
@@ -310,7 +391,7 @@ def passk_rows(metrics: dict, split: str, checkpoints: Sequence[str]) -> list[di
     checkpoint of `checkpoints` is a key (None when absent), since DVC refuses a declared y field that is missing."""
     return [
         {"k": k, **{name: metrics.get(name, {}).get(split, {}).get(f"pass@{k}") for name in checkpoints}} for k in KS
-    ]
+    ]  # a k without figures stays, as None: DVC's plot needs the same rows whatever n_samples is
 
 
 def plot_passk(metrics: dict, path: Path) -> None:

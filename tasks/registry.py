@@ -1,6 +1,15 @@
-"""The ``register`` stage's work: log the final model to MLflow, register a version, decide champion/challenger.
+"""The ``register`` stage's work: pick the candidate, log it to MLflow, register a version, decide champion/challenger.
 
-What is logged: the final stage's *merged* checkpoint (RL, else DPO, else SFT) in MLflow's ``transformers`` flavour
+The candidate is the trained checkpoint of this run (SFT, DPO, RL) with the best pre-registered primary metric
+(``register.primary_metric``, a per-problem pass@1; a tie goes to the earlier stage, so RL is the candidate only
+when it is the best). It is compared with the incumbent — the registry's champion, re-measured in the same evaluate
+run on the same problems with the same seeds, or the base model when there is no champion yet — by the one-sided
+paired sign-flip test of `models.significance.paired_test`: promoted only when p < ``alpha`` and the effect exceeds
+``margin``, and no secondary metric regresses (per-problem pass@1 secondaries: a non-inferiority test with a margin
+sized to their standard error; share-of-answers secondaries: a tolerance on the mean). Figures measured under two
+evaluation protocols are never compared (`ProtocolMismatch`).
+
+What is logged: the candidate's *merged* checkpoint in MLflow's ``transformers`` flavour
 (task text-generation, explicit pinned pip requirements), not the LoRA adapter. DPO and RL train on top of the
 previous stage's merged weights, so an adapter's base would be an intermediate checkpoint that lives only in this
 project's DVC cache; a merged checkpoint is self-contained: ``mlflow.transformers.load_model("models:/NAME@champion")``
@@ -8,14 +17,16 @@ gives a text-generation pipeline (or the components) anywhere, with no project f
 per version (≈ 540 MB for the float32 135M embedded default).
 
 Aliases: every new version becomes ``challenger``; it becomes ``champion`` only when `promotion_decision` says so.
-Each version carries tags ``didpo.metrics`` (its evaluation metrics as JSON, what later challengers are compared
-with), ``didpo.checkpoint``, ``didpo.decision`` and ``didpo.reasons``; a promoted version also carries
+Each version carries tags ``didpo.metrics`` (its evaluation metrics as JSON, for people), ``didpo.protocol`` (the
+evaluation protocol id), ``didpo.test`` (the paired test: p, effect, interval, n, MDE), ``didpo.checkpoint``,
+``didpo.decision`` and ``didpo.reasons``; a promoted version also carries
 ``didpo.previous_champion`` (the version it replaced, "" for the first), which `rollback_champion` follows.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,33 +36,36 @@ from prefect.cache_policies import NO_CACHE
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-FINAL_ORDER = ("rl", "dpo", "sft")  # the final model is the first of these present
+CANDIDATES = ("sft", "dpo", "rl")  # this run's trained checkpoints, pipeline order (ties go to the earlier)
+NI_MIN_PROBLEMS = 8  # below this a non-inferiority test cannot pass: the secondary is reported, not tested
 PIP_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
 TAG_METRICS = "didpo.metrics"
+TAG_PROTOCOL = "didpo.protocol"
 TAG_PREVIOUS = "didpo.previous_champion"
 
 
 @dataclass(frozen=True)
 class RegisterConfig:
-    """The ``register`` section of params.yaml.
+    """The ``register`` section of params.yaml: the pre-registered promotion rule.
 
     Attributes:
         model_name: the MLflow registered model.
-        primary_metric: ``<split>/<key>`` of data/evaluate/metrics.json (e.g. ``val/pass@1``) the challenger must
-            beat the champion on.
-        margin: the challenger is promoted only when it beats the champion on the primary metric by more than this
-            (absolute, in the metric's unit; 0 = any strict improvement; a tie never promotes).
-        tolerance: largest allowed regression on each secondary metric (absolute).
-        secondary_metrics: metrics that must not regress by more than `tolerance`.
-        lower_is_better: the metrics (primary or secondary) where lower is better (e.g. ``val/unsafe_rate``);
-            higher is better for all others.
+        primary_metric: ``<split>/pass@1``: the per-problem score the candidate is chosen by and tested on.
+        alpha: level of the one-sided paired test (promote only when p < alpha).
+        margin: the mean per-problem gain must exceed this (absolute pass@1; 0 = any gain the test detects).
+        tolerance: the smallest non-inferiority margin of a per-problem secondary (the margin used is the larger of
+            this and twice the secondary's standard error), and the largest allowed regression of a share-of-answers
+            secondary (format compliance, unsafe rate).
+        secondary_metrics: ``<split>/<key>`` metrics that must not regress.
+        lower_is_better: the secondary metrics where lower is better (e.g. ``val/unsafe_rate``).
     """
 
     model_name: str = "didpo-coder"
     primary_metric: str = "val/pass@1"
+    alpha: float = 0.05
     margin: float = 0.0
     tolerance: float = 0.02
-    secondary_metrics: tuple[str, ...] = ("val/pass@16", "test/pass@1", "val/format_compliance", "val/unsafe_rate")
+    secondary_metrics: tuple[str, ...] = ("test/pass@1", "val/format_compliance", "val/unsafe_rate")
     lower_is_better: tuple[str, ...] = ("val/unsafe_rate",)
 
     def __post_init__(self):
@@ -59,87 +73,142 @@ class RegisterConfig:
             raise ValueError("register.model_name must not be empty")
         if self.margin < 0 or self.tolerance < 0:
             raise ValueError(f"register.margin and .tolerance must be >= 0 (got {self.margin}, {self.tolerance})")
-        for key in (self.primary_metric, *self.secondary_metrics):
+        if not 0 < self.alpha <= 0.5:
+            raise ValueError(f"register.alpha must be in (0, 0.5], got {self.alpha}")
+        if self.primary_metric.count("/") != 1 or not self.primary_metric.endswith("/pass@1"):
+            raise ValueError(f"register.primary_metric must be '<split>/pass@1', got {self.primary_metric!r}")
+        for key in self.secondary_metrics:
             if key.count("/") != 1:
                 raise ValueError(f"register metric {key!r} must be '<split>/<key>', e.g. 'val/pass@1'")
         if self.primary_metric in self.secondary_metrics:
             raise ValueError(f"register.primary_metric {self.primary_metric!r} is also a secondary metric")
 
 
+class ProtocolMismatch(ValueError):
+    """Two sets of figures come from different evaluation protocols (problems, answers, sampling, seeds)."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One checkpoint's figures from the evaluate stage.
+
+    name: checkpoint name (``sft``, ``dpo``, ``rl``, ``base``, ``champion``); protocol: the protocol id;
+    per_problem: ``{split: {task_id: pass@1}}``; families: ``{task_id: family}``; metrics: flat ``{"split/key":
+    mean}`` (`flatten`).
+    """
+
+    name: str
+    protocol: str
+    per_problem: dict[str, dict[str, float]]
+    families: dict[str, str]
+    metrics: dict[str, float | None]
+
+
 @dataclass(frozen=True)
 class Decision:
-    """promote: move ``champion`` to the challenger. reasons: one line per check made, in order."""
+    """promote: move ``champion`` to the candidate. reasons: one line per check, in order. test: the primary paired
+    test (`models.significance.PairedTest` as a dict)."""
 
     promote: bool
     reasons: list[str]
+    test: dict = field(default_factory=dict)
 
 
-def promotion_decision(challenger: dict, champion: dict | None, cfg: RegisterConfig) -> Decision:
-    """Champion/challenger rule: promote when there is no champion, or when the challenger beats the champion on
-    ``cfg.primary_metric`` by more than ``cfg.margin`` and regresses on no secondary metric by more than
-    ``cfg.tolerance`` (directions from ``cfg.lower_is_better``).
+def _aligned(candidate: Evidence, incumbent: Evidence, split: str) -> tuple[list[str], list[float], list[float]]:
+    a, b = incumbent.per_problem.get(split, {}), candidate.per_problem.get(split, {})
+    if set(a) != set(b):
+        raise ProtocolMismatch(f"{split}: {incumbent.name} and {candidate.name} were measured on different problems")
+    ids = sorted(a)
+    return ids, [a[i] for i in ids], [b[i] for i in ids]
 
-    Args:
-        challenger, champion: flat metrics ``{"<split>/<key>": value}``; champion None when there is none.
 
-    Returns:
-        a `Decision` whose reasons state each comparison with its numbers. A champion without a value for the
-        primary metric blocks promotion (nothing to compare with: promote by hand); one without a secondary metric
-        skips that check (said in the reasons).
+def promotion_decision(candidate: Evidence, incumbent: Evidence, cfg: RegisterConfig) -> Decision:
+    """The pre-registered rule: promote when the one-sided paired sign-flip test on ``cfg.primary_metric`` gives
+    p < ``cfg.alpha`` with an effect above ``cfg.margin``, and no secondary metric regresses.
+
+    Secondaries: a ``<split>/pass@1`` with at least 8 problems gets a non-inferiority test (H1: mean change >
+    −m, m = max(tolerance, 2 · its standard error); it passes when p < alpha; with fewer problems it is reported,
+    not tested); any other key is a share of answers, allowed to regress by at most ``tolerance``.
 
     Raises:
-        ValueError: the challenger lacks the primary or a secondary metric (or has it as None).
+        ProtocolMismatch: the two were measured under different protocols or on different problems.
+        ValueError: the primary split has no problems, or a secondary metric is missing from the candidate.
     """
-    keys = (cfg.primary_metric, *cfg.secondary_metrics)
-    missing = [k for k in keys if challenger.get(k) is None]
-    if missing:
-        raise ValueError(f"the challenger's metrics lack {missing}; it has {sorted(challenger)}")
-    primary = cfg.primary_metric
-    if champion is None:
-        return Decision(True, [f"no champion yet: the first version is promoted ({primary} {challenger[primary]:.4f})"])
+    from models.significance import paired_test, sign_flip_pvalue
 
-    def gain(key: str) -> float:  # challenger minus champion, positive = better
-        sign = -1.0 if key in cfg.lower_is_better else 1.0
-        return sign * (challenger[key] - champion[key]) + 0.0  # + 0.0 turns -0.0 into 0.0 for the reasons
-
-    promote, reasons = True, []
-    if champion.get(primary) is None:
-        promote = False
-        reasons.append(f"{primary}: the champion has no recorded value, so the challenger cannot be compared")
-    else:
-        g = gain(primary)
-        beats = g > cfg.margin
-        promote = beats
-        verdict = "beats the champion" if beats else "does not beat the champion"
-        reasons.append(
-            f"{primary}: {challenger[primary]:.4f} vs champion {champion[primary]:.4f} ({g:+.4f}): {verdict} "
-            f"by more than the margin {cfg.margin:g}"
+    if candidate.protocol != incumbent.protocol:
+        raise ProtocolMismatch(
+            f"{candidate.name} was measured under evaluation protocol {candidate.protocol} and {incumbent.name} under "
+            f"{incumbent.protocol}: figures of two protocols are not comparable; measure both in one evaluate run"
         )
+    split = cfg.primary_metric.split("/")[0]
+    ids, before, after = _aligned(candidate, incumbent, split)
+    if not ids:
+        raise ValueError(f"no {split} problems were measured: nothing to test {cfg.primary_metric} on")
+    t = paired_test(before, after, cfg.margin, cfg.alpha, clusters=[candidate.families.get(i, "?") for i in ids])
+    verdict = "significant" if t.significant else "not significant"
+    mde = "–" if math.isnan(t.mde) else f"{t.mde:.3f}"
+    cluster = "" if t.cluster_p is None else f"; family check p = {t.cluster_p:.4f} over {t.n_clusters} families"
+    reasons = [
+        f"{cfg.primary_metric}: {candidate.name} {sum(after) / len(after):.4f} vs {incumbent.name} "
+        f"{sum(before) / len(before):.4f}, Δ {t.effect:+.4f} (95% interval [{t.low:+.4f}, {t.high:+.4f}]); "
+        f"one-sided {t.method} p = {t.p_value:.4f} over n = {t.n} problems ({t.n_discordant} changed), "
+        f"MDE {mde}{cluster}: {verdict} at α {cfg.alpha:g} with margin {cfg.margin:g}"
+    ]
+    promote = t.significant
     for key in cfg.secondary_metrics:
-        if champion.get(key) is None:
-            reasons.append(f"{key}: the champion has no recorded value; not compared")
+        s_split, s_key = key.split("/")
+        lower = key in cfg.lower_is_better
+        if s_key == "pass@1" and not lower and s_split in candidate.per_problem:
+            s_ids, s_before, s_after = _aligned(candidate, incumbent, s_split)
+            if len(s_ids) < NI_MIN_PROBLEMS:
+                reasons.append(f"{key}: {len(s_ids)} problems (< {NI_MIN_PROBLEMS}): reported, not tested")
+                continue
+            d = [b - a for a, b in zip(s_before, s_after, strict=True)]
+            mean = sum(d) / len(d)
+            se = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d))
+            m = max(cfg.tolerance, 2 * se)
+            p = sign_flip_pvalue(d, -m)[0]
+            ok = p < cfg.alpha
+            promote = promote and ok
+            reasons.append(
+                f"{key}: Δ {mean:+.4f} over {len(d)} problems; non-inferiority at margin {m:.4f}: p = {p:.4f} "
+                f"({'not worse' if ok else 'not shown to be not worse'})"
+            )
             continue
-        g = gain(key)
-        ok = -g <= cfg.tolerance
+        value, reference = candidate.metrics.get(key), incumbent.metrics.get(key)
+        if value is None:
+            raise ValueError(f"the candidate's metrics lack {key!r}; it has {sorted(candidate.metrics)}")
+        if reference is None:
+            reasons.append(f"{key}: {incumbent.name} has no value; not compared")
+            continue
+        gain = (reference - value if lower else value - reference) + 0.0
+        ok = -gain <= cfg.tolerance
         promote = promote and ok
-        verdict = "within" if ok else "regression beyond"
         reasons.append(
-            f"{key}: {challenger[key]:.4f} vs champion {champion[key]:.4f} ({g:+.4f}): {verdict} the tolerance "
-            f"{cfg.tolerance:g}"
+            f"{key}: {value:.4f} vs {incumbent.name} {reference:.4f} ({gain:+.4f}): "
+            f"{'within' if ok else 'regression beyond'} the tolerance {cfg.tolerance:g}"
         )
-    return Decision(promote, reasons)
+    return Decision(promote, reasons, asdict(t))
 
 
-def final_checkpoint(present: dict[str, Path]) -> tuple[str, Path]:
-    """The final model among `present` checkpoints: RL, else DPO, else SFT.
+def choose_candidate(evidence: dict[str, Evidence], cfg: RegisterConfig) -> str:
+    """The trained checkpoint (of `CANDIDATES`, present in ``evidence``) with the highest mean primary metric; a tie
+    goes to the earlier stage.
 
     Raises:
-        FileNotFoundError: none of them is present.
+        FileNotFoundError: no trained checkpoint was evaluated.
     """
-    for name in FINAL_ORDER:
-        if name in present:
-            return name, present[name]
-    raise FileNotFoundError(f"no trained checkpoint to register: none of {list(FINAL_ORDER)} is present")
+    split = cfg.primary_metric.split("/")[0]
+    names = [n for n in CANDIDATES if n in evidence]
+    if not names:
+        raise FileNotFoundError(f"no trained checkpoint to register: none of {list(CANDIDATES)} was evaluated")
+
+    def mean(name: str) -> float:
+        scores = list(evidence[name].per_problem.get(split, {}).values())
+        return sum(scores) / len(scores) if scores else float("-inf")
+
+    return max(names, key=lambda n: (mean(n), -names.index(n)))
 
 
 def flatten(per_split: dict) -> dict[str, float | None]:
@@ -166,8 +235,9 @@ class RegisterResult:
     champion_before: int | None
     champion_after: int | None
     primary_metric: str
-    challenger_primary: float | None
-    champion_primary: float | None
+    incumbent: str
+    protocol: str
+    test: dict
     challenger_metrics: dict = field(repr=False)
 
     def as_dict(self) -> dict:
@@ -190,20 +260,31 @@ def version_metrics(version) -> dict | None:
     return json.loads(raw) if raw else None
 
 
+def download_champion(model_name: str, dest: Path) -> int | None:
+    """Save the registry's ``champion`` of ``model_name`` as a ``from_pretrained`` folder at ``dest`` (model and
+    tokenizer) so it can be measured beside this run's checkpoints; returns its version, or None (no champion)."""
+    import mlflow
+
+    champion = current_champion(mlflow.MlflowClient(), model_name)
+    if champion is None:
+        return None
+    components = mlflow.transformers.load_model(f"models:/{model_name}/{champion.version}", return_type="components")
+    dest.mkdir(parents=True, exist_ok=True)
+    components["model"].save_pretrained(dest)
+    components["tokenizer"].save_pretrained(dest)
+    return int(champion.version)
+
+
 @task(cache_policy=NO_CACHE)
 def register_and_decide(
-    model_dir: Path, checkpoint: str, metrics: dict, cfg: RegisterConfig, dtype: str = "auto"
+    model_dir: Path, candidate: Evidence, incumbent: Evidence, cfg: RegisterConfig, dtype: str = "auto"
 ) -> RegisterResult:
-    """Log `model_dir` to the active MLflow run, register it as a new version of ``cfg.model_name`` (alias
-    ``challenger``), compare it with the champion (`promotion_decision`) and move ``champion`` when it wins.
-
-    Args:
-        model_dir: a merged checkpoint (``from_pretrained`` folder with its tokenizer).
-        checkpoint: its stage name (``rl``, ``dpo``, ``sft``), recorded as a tag.
-        metrics: the checkpoint's flat metrics ``{"split/key": value}`` (`flatten`).
+    """Log `model_dir` (the candidate's merged checkpoint) to the active MLflow run, register it as a new version of
+    ``cfg.model_name`` (alias ``challenger``), decide with `promotion_decision` against ``incumbent`` (the champion
+    measured in the same run, or the base model) and move ``champion`` when it wins.
 
     Raises:
-        ValueError: as `promotion_decision` (nothing is registered then).
+        ProtocolMismatch, ValueError: as `promotion_decision` (nothing is registered then).
     """
     import mlflow
 
@@ -211,9 +292,7 @@ def register_and_decide(
 
     client = mlflow.MlflowClient()
     champion = current_champion(client, cfg.model_name)
-    # a champion registered without metrics (e.g. by hand) is {}: nothing to beat it on, so no promotion
-    champion_metrics = (version_metrics(champion) or {}) if champion is not None else None
-    decision = promotion_decision(metrics, champion_metrics, cfg)
+    decision = promotion_decision(candidate, incumbent, cfg)
 
     model, tokenizer = load_policy(model_dir, dtype=dtype)
     info = mlflow.transformers.log_model(
@@ -225,8 +304,10 @@ def register_and_decide(
     )
     version = str(info.registered_model_version)
     tags = {
-        TAG_METRICS: json.dumps({k: v for k, v in metrics.items() if v is not None}, sort_keys=True),
-        "didpo.checkpoint": checkpoint,
+        TAG_METRICS: json.dumps({k: v for k, v in candidate.metrics.items() if v is not None}, sort_keys=True),
+        TAG_PROTOCOL: candidate.protocol,
+        "didpo.test": json.dumps(decision.test, sort_keys=True),
+        "didpo.checkpoint": candidate.name,
         "didpo.decision": "promoted" if decision.promote else "rejected",
         "didpo.reasons": "\n".join(decision.reasons)[:4900],
     }
@@ -241,15 +322,16 @@ def register_and_decide(
     return RegisterResult(
         model_name=cfg.model_name,
         version=int(version),
-        checkpoint=checkpoint,
+        checkpoint=candidate.name,
         promoted=decision.promote,
         reasons=decision.reasons,
         champion_before=before,
         champion_after=int(version) if decision.promote else before,
         primary_metric=cfg.primary_metric,
-        challenger_primary=metrics.get(cfg.primary_metric),
-        champion_primary=(champion_metrics or {}).get(cfg.primary_metric),
-        challenger_metrics=metrics,
+        incumbent=incumbent.name,
+        protocol=candidate.protocol,
+        test=decision.test,
+        challenger_metrics=candidate.metrics,
     )
 
 

@@ -18,6 +18,8 @@ from tasks.evaluate import (
     passk_rows,
     plot_history,
     plot_passk,
+    protocol_problems,
+    protocol_record,
 )
 from tests.test_process_metrics import PROBLEM, REFERENCE
 
@@ -28,9 +30,12 @@ def result(answers, c=0):
 
 
 def test_config_validation_names_the_key():
-    assert EvaluateConfig().limit("humaneval") == 6
-    with pytest.raises(ConfigError, match="evaluate.n_samples must be >= 16"):
-        parse_params({"evaluate": {"n_samples": 8}})
+    assert EvaluateConfig().ks() == (1, 2) and EvaluateConfig(n_samples=16).ks() == (1, 2, 5)
+    assert EvaluateConfig(n_samples=32).ks() == KS
+    with pytest.raises(ConfigError, match="evaluate.n_samples must be >= 2"):
+        parse_params({"evaluate": {"n_samples": 1}})
+    with pytest.raises(ConfigError, match="evaluate.val_per_family must be >= 0"):
+        parse_params({"evaluate": {"val_per_family": -1}})
     with pytest.raises(ConfigError, match="consistency_samples"):
         parse_params({"evaluate": {"consistency_samples": 1}})
     assert parse_params({"evaluate": {"checkpoints": ["dpo", "rl"]}}).evaluate.checkpoints == ("dpo", "rl")
@@ -64,14 +69,14 @@ def test_comparison_table_and_plot_rows():
     md = comparison_markdown(METRICS)
     assert "## val (problems: 2, samples per problem: 16)" in md and "## test" not in md
     header = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
-    assert header.split(" | ")[1:4] == ["pass@1", "pass@5", "pass@10"]
-    assert "| base | 0.062 | 0.250 | – |" in md and "| sft | 0.500 | 0.750 | – |" in md
+    assert header.split(" | ")[1:4] == ["pass@1", "pass@2", "pass@5"]
+    assert "| base | 0.062 | – | 0.250 | – |" in md and "| sft | 0.500 | – | 0.750 | – |" in md
     table = comparison_table(METRICS)
     assert table["checkpoint"] == ["base", "sft"] and table["pass@5"] == [0.25, 0.75]
     assert table["recovery"] == [None, None]
     rows = passk_rows(METRICS, "val", ["base", "sft", "dpo", "rl"])
     assert [r["k"] for r in rows] == list(KS)
-    assert rows[1] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "rl": None}
+    assert rows[2] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "rl": None}
     assert flat_metrics(METRICS) == {
         "eval/base/val/n_problems": 2.0,
         "eval/base/val/n_samples": 16.0,
@@ -91,22 +96,37 @@ def test_pass1_deltas_between_consecutive_checkpoints():
         "dpo": {"val": [1.0, 0.0, 0.0, 0.0], "test": [], "humaneval": [0.25]},
         "rl": {"val": [1.0, 0.5, 0.0, 0.0], "test": [], "humaneval": [0.25]},
     }
-    deltas = pass1_deltas(per_problem)
+    deltas = pass1_deltas(per_problem, {"val": ["a", "a", "b", "b"]})
     assert list(deltas) == ["sft_to_dpo", "dpo_to_rl"]
     assert set(deltas["sft_to_dpo"]) == {"val", "humaneval"}  # no problems in test: no row
-    # diffs (1, 0, 0, 0): resample means K/4, K ~ Binomial(4, 1/4) → 95% percentile interval [0, 0.75] (test_passk)
-    assert deltas["sft_to_dpo"]["val"] == {"delta": 0.25, "low": 0.0, "high": 0.75, "n_problems": 4, "confidence": 0.95}
-    assert deltas["sft_to_dpo"]["humaneval"] == {
-        "delta": -0.25,
-        "low": None,
-        "high": None,
-        "n_problems": 1,
-        "confidence": 0.95,
-    }
+    d = deltas["sft_to_dpo"]["val"]
+    # one problem of four gained 1.0: the sign-flip p is 1/2 (the flip of that one problem), mean +0.25
+    assert (d["delta"], d["p_value"], d["n_problems"], d["n_discordant"]) == (0.25, 0.5, 4, 1)
+    # t half-width 3.182 * 0.5 / 2 = 0.796 beats the floor 1 - 0.025**(1/4) = 0.602
+    assert d["low"] == pytest.approx(0.25 - 3.182446 * 0.5 / 2) and d["high"] == pytest.approx(0.25 + 0.795612)
+    assert d["n_clusters"] == 2 and d["cluster_p"] == 0.5  # family a +0.5, family b 0: one family changed
+    one = deltas["sft_to_dpo"]["humaneval"]
+    assert (one["delta"], one["mde"], one["n_problems"]) == (-0.25, None, 1)
+    assert one["low"] == pytest.approx(-0.25 - 0.975) and one["high"] == pytest.approx(-0.25 + 0.975)
     assert deltas["dpo_to_rl"]["val"]["delta"] == 0.125
     md = deltas_markdown(deltas)
-    assert "| sft → dpo | val | +0.250 | [+0.000, +0.750] (95%) | 4 |" in md
-    assert "| sft → dpo | humaneval | -0.250 | – | 1 |" in md
+    assert "| sft → dpo | val | +0.250 | [-0.546, +1.046] | 0.5000 |" in md
+    assert "| sft → dpo | humaneval | -0.250 | [-1.225, +0.725] | 1.0000 | – | 1 (1) |" in md
+
+
+def test_protocol_problems_are_stratified_and_disjoint_from_selection():
+    rows = [{"task_id": f"{fam}/{i}", "family": fam} for i in range(6) for fam in ("b", "a")]
+    chosen = protocol_problems(rows, skip=4, per_family=2)
+    # the first 4 rows (a/0, b/0, a/1, b/1 by file order: b/0, a/0, b/1, a/1) are the selection prefix
+    assert [p["task_id"] for p in chosen] == ["a/2", "a/3", "b/2", "b/3"]
+    assert len(protocol_problems(rows, skip=4, per_family=0)) == 8
+    cfg = EvaluateConfig()
+    record = protocol_record(cfg, {"val": chosen, "test": []})
+    assert record["splits"] == {"val": ["a/2", "a/3", "b/2", "b/3"], "test": []}
+    assert record["families"]["b/3"] == "b" and record["n_samples"] == 4 and len(record["id"]) == 16
+    assert protocol_record(cfg, {"val": chosen, "test": []})["id"] == record["id"]  # deterministic
+    assert protocol_record(EvaluateConfig(seed=1), {"val": chosen, "test": []})["id"] != record["id"]
+    assert protocol_record(cfg, {"val": chosen[:3], "test": []})["id"] != record["id"]
 
 
 def test_plots_are_written(tmp_path):
@@ -127,12 +147,12 @@ def test_evaluate_split_on_a_tiny_model_in_the_sandbox():
 
     model, tokenizer = build_tiny_causal_lm(seed=0)
     small = {"process_problems": 1, "process_prefixes": 2, "consistency_samples": 3, "recovery_samples": 2}
-    cfg = EvaluateConfig(n_samples=16, max_new_tokens=12, **small)
+    cfg = EvaluateConfig(n_samples=32, max_new_tokens=12, **small)
     with Verifier(VerifierConfig(workers=1, timeout_s=5.0, cpu_s=2)) as verifier:
         metrics, results = evaluate_split(model, tokenizer, [PROBLEM], cfg, verifier)
     (r,) = results
-    assert r.n == 16 and len(r.answers) == 16
-    assert metrics["n_problems"] == 1 and metrics["n_samples"] == 16
+    assert r.n == 32 and len(r.answers) == 32
+    assert metrics["n_problems"] == 1 and metrics["n_samples"] == 32
     for k in KS:  # one problem: pass@k is the unbiased estimate from its own n and c
         assert metrics[f"pass@{k}"] == pytest.approx(r.pass_at(k))
     assert 0.0 <= metrics["format_compliance"] <= 1.0 and 0.0 <= metrics["unsafe_rate"] <= 1.0

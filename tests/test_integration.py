@@ -235,7 +235,8 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     params["didpo"].update(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=16, minibatch_size=2)
     params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0)
     params["evaluate"].update(
-        val_problems=1,
+        val_per_family=1,
+        n_samples=2,
         test_problems=1,
         humaneval_problems=1,
         max_new_tokens=8,
@@ -259,8 +260,21 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     evaluation = json.loads((root / "data/evaluate/metrics.json").read_text())
     assert {"base", "sft", "dpo", "rl"} <= set(json.dumps(evaluation).replace('"', " ").split())
     assert (root / "data/evaluate/figures/passk.png").stat().st_size > 0
+    protocol = json.loads((root / "data/evaluate/protocol.json").read_text())
+    val = protocol["splits"]["val"]  # one problem per family, none of the first 2 (gate, dpo, baseline use them)
+    first_val = [json.loads(line)["task_id"] for line in (root / "data/validated/problems.jsonl").open()
+                 if json.loads(line)["split"] == "val"][:2]  # fmt: skip
+    assert val and not set(val) & set(first_val)
+    assert len({protocol["families"][t] for t in val}) == len(val)
+    per_problem = json.loads((root / "data/evaluate/per_problem.json").read_text())
+    assert per_problem["protocol"] == protocol["id"] and per_problem["champion_version"] is None
+    assert set(per_problem["checkpoints"]) == {"base", "sft", "dpo", "rl"}
     decision = json.loads((root / "data/register/decision.json").read_text())
-    assert decision["promoted"] is True and decision["checkpoint"] == "rl"  # the first version becomes champion
+    # the tiny random models solve nothing: every candidate ties with the base model, the earliest (sft) is the
+    # candidate, the test finds no gain, and no champion is made
+    assert (decision["checkpoint"], decision["incumbent"], decision["promoted"]) == ("sft", "base", False)
+    assert decision["test"]["p_value"] == 1.0 and decision["test"]["n"] == len(val)
+    assert decision["protocol"] == protocol["id"]
     _, runs = mlflow_runs(root)
     finished = {r.data.tags["didpo.stage"] for r in runs if r.info.status == "FINISHED"}
     assert set(later) <= finished

@@ -1,85 +1,117 @@
-"""Champion/challenger promotion: the pure rule on hand-made metrics, then a real MLflow SQLite registry with a tiny
-model logged (versions, aliases, reasons, rollback through `didpo rollback`)."""
+"""Champion/challenger promotion: the pre-registered paired test on hand-made per-problem scores (planted effects
+both ways, protocol mismatch refused), then a real MLflow SQLite registry with a tiny model logged (versions,
+aliases, reasons, the champion downloaded for re-measurement, rollback through `didpo rollback`)."""
 
 import json
 
 import pytest
 import yaml
 
-from tasks.registry import Decision, RegisterConfig, final_checkpoint, flatten, promotion_decision
+from tasks.registry import (
+    Evidence,
+    ProtocolMismatch,
+    RegisterConfig,
+    choose_candidate,
+    flatten,
+    promotion_decision,
+)
 
 CFG = RegisterConfig(
     model_name="didpo-test",
     primary_metric="val/pass@1",
-    margin=0.01,
+    alpha=0.05,
+    margin=0.0,
     tolerance=0.02,
-    secondary_metrics=("val/pass@16", "val/format_compliance", "val/unsafe_rate"),
+    secondary_metrics=("test/pass@1", "val/format_compliance", "val/unsafe_rate"),
     lower_is_better=("val/unsafe_rate",),
 )
+FAMILIES = {f"v{i}": f"fam{i % 4}" for i in range(20)} | {f"t{i}": "test" for i in range(10)}
 
 
-def metrics(p1, p16=0.6, fmt=0.9, unsafe=0.0):
-    return {"val/pass@1": p1, "val/pass@16": p16, "val/format_compliance": fmt, "val/unsafe_rate": unsafe}
+def evidence(name, val, test=(0.5,) * 10, fmt=0.9, unsafe=0.0, protocol="p1"):
+    """Per-problem pass@1 on 20 val and 10 test problems, and the means the share-of-answers checks use."""
+    per_problem = {"val": {f"v{i}": v for i, v in enumerate(val)}, "test": {f"t{i}": v for i, v in enumerate(test)}}
+    metrics = {"val/pass@1": sum(val) / len(val), "val/format_compliance": fmt, "val/unsafe_rate": unsafe}
+    return Evidence(name, protocol, per_problem, FAMILIES, metrics)
 
 
-def test_first_version_is_promoted():
-    decision = promotion_decision(metrics(0.1), None, CFG)
-    assert decision == Decision(True, ["no champion yet: the first version is promoted (val/pass@1 0.1000)"])
+BASE = [0.0] * 10 + [0.25] * 6 + [0.5] * 4  # mean 0.175
+BETTER = [0.5] * 10 + [0.25] * 6 + [0.75] * 4  # every changed problem better: 14 of 20, p = 2**-14
+WORSE = [0.0] * 20
 
 
-def test_a_better_champion_blocks_promotion():
-    decision = promotion_decision(metrics(0.30), metrics(0.35), CFG)
-    assert not decision.promote
-    assert decision.reasons[0] == (
-        "val/pass@1: 0.3000 vs champion 0.3500 (-0.0500): does not beat the champion by more than the margin 0.01"
-    )
-    assert len(decision.reasons) == 4  # the primary and each secondary metric are reported
-
-
-def test_a_worse_champion_is_replaced():
-    decision = promotion_decision(metrics(0.40, p16=0.59, fmt=0.89), metrics(0.35), CFG)
+def test_a_planted_gain_is_promoted_with_its_statistics():
+    decision = promotion_decision(evidence("rl", BETTER), evidence("base", BASE), CFG)
     assert decision.promote
-    assert decision.reasons == [
-        "val/pass@1: 0.4000 vs champion 0.3500 (+0.0500): beats the champion by more than the margin 0.01",
-        "val/pass@16: 0.5900 vs champion 0.6000 (-0.0100): within the tolerance 0.02",
-        "val/format_compliance: 0.8900 vs champion 0.9000 (-0.0100): within the tolerance 0.02",
-        "val/unsafe_rate: 0.0000 vs champion 0.0000 (+0.0000): within the tolerance 0.02",
-    ]
+    t = decision.test
+    assert t["n"] == 20 and t["n_discordant"] == 14 and t["effect"] == pytest.approx(0.30)
+    assert t["p_value"] == 2**-14 and t["method"] == "exact sign-flip (2^14 patterns)"
+    assert t["n_clusters"] == 4 and t["cluster_p"] == 1 / 16
+    assert t["low"] > 0 and t["mde"] > 0
+    assert decision.reasons[0].startswith("val/pass@1: rl 0.4750 vs base 0.1750, Δ +0.3000 (95% interval [")
+    assert decision.reasons[0].endswith("significant at α 0.05 with margin 0")
+    assert decision.reasons[1].startswith("test/pass@1: Δ +0.0000 over 10 problems; non-inferiority at margin 0.0200")
+    assert len(decision.reasons) == 4
 
 
-def test_a_secondary_regression_blocks_promotion():
-    worse_format = promotion_decision(metrics(0.50, fmt=0.80), metrics(0.35, fmt=0.90), CFG)
+def test_no_gain_or_a_loss_is_not_promoted():
+    same = promotion_decision(evidence("rl", BASE), evidence("champion", BASE), CFG)
+    assert not same.promote and same.test["p_value"] == 1.0 and "not significant" in same.reasons[0]
+    worse = promotion_decision(evidence("rl", WORSE), evidence("champion", BASE), CFG)
+    assert not worse.promote and worse.test["effect"] == pytest.approx(-0.175)
+    # a gain on one problem of twenty: p = 1/2
+    one = promotion_decision(evidence("rl", [1.0] + BASE[1:]), evidence("champion", BASE), CFG)
+    assert not one.promote and one.test["p_value"] == 0.5
+    # the margin: a real gain of +0.35 does not clear a margin of 0.4
+    strict = RegisterConfig(**{**CFG.__dict__, "margin": 0.4})
+    assert not promotion_decision(evidence("rl", BETTER), evidence("base", BASE), strict).promote
+
+
+def test_secondary_regressions_block_promotion():
+    worse_test = promotion_decision(evidence("rl", BETTER, test=(0.0,) * 10), evidence("base", BASE), CFG)
+    assert not worse_test.promote and "not shown to be not worse" in worse_test.reasons[1]
+    worse_format = promotion_decision(evidence("rl", BETTER, fmt=0.8), evidence("base", BASE, fmt=0.9), CFG)
     assert not worse_format.promote
     assert worse_format.reasons[2] == (
-        "val/format_compliance: 0.8000 vs champion 0.9000 (-0.1000): regression beyond the tolerance 0.02"
+        "val/format_compliance: 0.8000 vs base 0.9000 (-0.1000): regression beyond the tolerance 0.02"
     )
     # lower is better for the unsafe rate: a rise of 0.05 is a regression, a fall is not
-    assert not promotion_decision(metrics(0.50, unsafe=0.05), metrics(0.35, unsafe=0.0), CFG).promote
-    assert promotion_decision(metrics(0.50, unsafe=0.0), metrics(0.35, unsafe=0.05), CFG).promote
+    assert not promotion_decision(evidence("rl", BETTER, unsafe=0.05), evidence("base", BASE), CFG).promote
+    assert promotion_decision(evidence("rl", BETTER), evidence("base", BASE, unsafe=0.05), CFG).promote
+    # fewer than 8 test problems: reported, not tested
+    few = Evidence("rl", "p1", {"val": evidence("x", BETTER).per_problem["val"], "test": {"t0": 0.0}}, FAMILIES,
+                   evidence("x", BETTER).metrics)  # fmt: skip
+    base = Evidence("base", "p1", {"val": evidence("x", BASE).per_problem["val"], "test": {"t0": 1.0}}, FAMILIES,
+                    evidence("x", BASE).metrics)  # fmt: skip
+    decision = promotion_decision(few, base, CFG)
+    assert decision.promote and decision.reasons[1] == "test/pass@1: 1 problems (< 8): reported, not tested"
 
 
-def test_margin_is_strict_and_missing_values():
-    at_margin = promotion_decision(metrics(0.375), metrics(0.3625), CFG)  # gain 0.0125 > 0.01
-    assert at_margin.promote
-    assert not promotion_decision(metrics(0.35), metrics(0.35), CFG).promote  # a tie never promotes
-    assert not promotion_decision(metrics(0.3125), metrics(0.3125 - 0.0078125), CFG).promote  # gain < margin
-    # a champion without the primary metric cannot be beaten; one without a secondary metric skips that check
-    assert not promotion_decision(metrics(0.9), {}, CFG).promote
-    partial = promotion_decision(metrics(0.5), {"val/pass@1": 0.3}, CFG)
-    assert partial.promote and partial.reasons[1] == "val/pass@16: the champion has no recorded value; not compared"
-    with pytest.raises(ValueError, match="lack"):
-        promotion_decision({"val/pass@1": 0.5}, None, CFG)
+def test_figures_of_two_protocols_are_not_compared():
+    with pytest.raises(ProtocolMismatch, match="protocol p2 and base under p1"):
+        promotion_decision(evidence("rl", BETTER, protocol="p2"), evidence("base", BASE), CFG)
+    other = Evidence("rl", "p1", {"val": {"x": 1.0}}, FAMILIES, {})
+    with pytest.raises(ProtocolMismatch, match="different problems"):
+        promotion_decision(other, evidence("base", BASE), CFG)
+
+
+def test_the_candidate_is_the_best_trained_checkpoint():
+    ev = {"base": evidence("base", BETTER), "sft": evidence("sft", BASE), "dpo": evidence("dpo", BETTER),
+          "rl": evidence("rl", BETTER)}  # fmt: skip
+    assert choose_candidate(ev, CFG) == "dpo"  # dpo and rl tie: the earlier stage; base is not a candidate
+    ev["rl"] = evidence("rl", [0.75] * 20)
+    assert choose_candidate(ev, CFG) == "rl"
+    with pytest.raises(FileNotFoundError, match="no trained checkpoint"):
+        choose_candidate({"base": ev["base"]}, CFG)
 
 
 def test_config_and_helpers():
-    with pytest.raises(ValueError, match="<split>/<key>"):
-        RegisterConfig(primary_metric="pass@1")
+    with pytest.raises(ValueError, match="<split>/pass@1"):
+        RegisterConfig(primary_metric="val/pass@16")
     with pytest.raises(ValueError, match="also a secondary"):
         RegisterConfig(primary_metric="val/pass@1", secondary_metrics=("val/pass@1",))
-    assert final_checkpoint({"sft": "s", "rl": "r", "dpo": "d"}) == ("rl", "r")
-    assert final_checkpoint({"sft": "s", "base": "b"}) == ("sft", "s")
-    with pytest.raises(FileNotFoundError, match="no trained checkpoint"):
-        final_checkpoint({"base": "b"})
+    with pytest.raises(ValueError, match="register.alpha"):
+        RegisterConfig(alpha=0.0)
     assert flatten({"val": {"pass@1": 0.5, "recovery": None}, "seconds": 3.0}) == {
         "val/pass@1": 0.5,
         "val/recovery": None,
@@ -118,42 +150,50 @@ def test_registry_promotion_and_rollback(registry):
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from tasks.registry import pip_requirements, register_and_decide
+    from tasks.registry import download_champion, pip_requirements, register_and_decide
 
     root, model = registry
     client = mlflow.MlflowClient()
 
-    def register(values):
+    def register(candidate, incumbent):
         with mlflow.start_run():
-            return register_and_decide.fn(root / "model", "rl", values, CFG)
+            return register_and_decide.fn(root / "model", candidate, incumbent, CFG)
 
     def aliases():
         names = ("champion", "challenger")
         return {a: int(client.get_model_version_by_alias(CFG.model_name, a).version) for a in names}
 
-    first = register(metrics(0.30))
-    assert (first.version, first.promoted, first.champion_before, first.champion_after) == (1, True, None, 1)
-    assert aliases() == {"champion": 1, "challenger": 1}
+    assert download_champion(CFG.model_name, root / "champion") is None  # no registered model yet
+    flat = register(evidence("sft", BASE), evidence("base", BASE))  # no better than the base model: no champion
+    assert (flat.version, flat.promoted, flat.champion_after, flat.incumbent) == (1, False, None, "base")
+    assert client.get_model_version(CFG.model_name, "1").tags["didpo.decision"] == "rejected"
 
-    worse = register(metrics(0.25))  # the champion is better: v2 stays a challenger
-    assert (worse.promoted, worse.champion_after) == (False, 1) and aliases() == {"champion": 1, "challenger": 2}
-    assert "does not beat the champion" in worse.reasons[0]
+    first = register(evidence("rl", BETTER), evidence("base", BASE))  # beats the base model: first champion
+    assert (first.version, first.promoted, first.champion_before, first.champion_after) == (2, True, None, 2)
+    assert aliases() == {"champion": 2, "challenger": 2}
+    assert first.test["p_value"] == 2**-14 and first.protocol == "p1"
 
-    regressed = register(metrics(0.45, fmt=0.5))  # better primary, format regression: blocked
-    assert not regressed.promoted and aliases() == {"champion": 1, "challenger": 3}
+    worse = register(evidence("dpo", BASE), evidence("champion", BETTER))  # the champion is better
+    assert (worse.promoted, worse.champion_after) == (False, 2) and aliases() == {"champion": 2, "challenger": 3}
+    assert "not significant" in worse.reasons[0]
 
-    better = register(metrics(0.45))  # beats the champion, no regression: replaces it
-    assert (better.version, better.promoted, better.champion_before) == (4, True, 1)
-    assert aliases() == {"champion": 4, "challenger": 4}
-    v4 = client.get_model_version(CFG.model_name, "4")
-    assert v4.tags["didpo.previous_champion"] == "1" and v4.tags["didpo.decision"] == "promoted"
-    assert json.loads(v4.tags["didpo.metrics"]) == metrics(0.45)
-    assert client.get_model_version(CFG.model_name, "2").tags["didpo.decision"] == "rejected"
-    assert client.get_model_version(CFG.model_name, "3").tags["didpo.reasons"].count("regression beyond") == 1
+    regressed = register(evidence("rl", [1.0] * 20, fmt=0.5), evidence("champion", BETTER))  # format regression
+    assert not regressed.promoted and aliases() == {"champion": 2, "challenger": 4}
 
-    # the logged model is the tiny model, with explicit pinned requirements
-    components = mlflow.transformers.load_model(f"models:/{CFG.model_name}@champion", return_type="components")
-    loaded = components["model"].state_dict()
+    better = register(evidence("rl", [1.0] * 20), evidence("champion", BETTER))  # beats it, no regression
+    assert (better.version, better.promoted, better.champion_before) == (5, True, 2)
+    assert aliases() == {"champion": 5, "challenger": 5}
+    v5 = client.get_model_version(CFG.model_name, "5")
+    assert v5.tags["didpo.previous_champion"] == "2" and v5.tags["didpo.decision"] == "promoted"
+    assert v5.tags["didpo.protocol"] == "p1" and json.loads(v5.tags["didpo.test"])["n"] == 20
+    assert json.loads(v5.tags["didpo.metrics"]) == evidence("rl", [1.0] * 20).metrics
+    assert client.get_model_version(CFG.model_name, "4").tags["didpo.reasons"].count("regression beyond") == 1
+
+    # the logged model is the tiny model, with explicit pinned requirements; the champion can be re-measured
+    assert download_champion(CFG.model_name, root / "champion") == 5
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(root / "champion").state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
     local = mlflow.artifacts.download_artifacts(f"models:/{CFG.model_name}@champion")
     requirements = (root / local / "requirements.txt").read_text().split()
@@ -162,8 +202,8 @@ def test_registry_promotion_and_rollback(registry):
     runner = CliRunner()
     result = runner.invoke(app, ["rollback", "--params", str(root / "params.yaml")])
     assert result.exit_code == 0, result.output
-    assert "champion moved from version 4 back to version 1" in result.output
-    assert aliases()["champion"] == 1
-    assert client.get_model_version(CFG.model_name, "4").tags["didpo.rolled_back"] == "champion moved back to 1"
+    assert "champion moved from version 5 back to version 2" in result.output
+    assert aliases()["champion"] == 2
+    assert client.get_model_version(CFG.model_name, "5").tags["didpo.rolled_back"] == "champion moved back to 2"
     again = runner.invoke(app, ["rollback", "--params", str(root / "params.yaml")])
-    assert again.exit_code == 1 and "version 1 is the first champion" in again.output
+    assert again.exit_code == 1 and "version 2 is the first champion" in again.output
