@@ -782,11 +782,20 @@ def _data_parallel_backward(model, value_head, batch, index, cfg: RLConfig, auto
 
 class _RolloutLog:
     """The rollouts JSONL, appended after each step; on resume, lines of steps after the checkpoint (and a torn
-    last line) are dropped so the file matches the restored run."""
+    last line) are dropped so the file matches the restored run.
 
-    def __init__(self, path: Path, keep_through_step: int):
+    A run that starts over while a previous run's checkpoints exist (``set_aside``) moves the previous file to
+    ``<name>.previous`` instead of emptying it; its first checkpoint drops that file (`drop_previous`), like the
+    checkpoints it supersedes. If it dies before, resuming the previous run puts the previous file back."""
+
+    def __init__(self, path: Path, keep_through_step: int, set_aside: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.previous = self.path.with_name(self.path.name + ".previous")
+        if keep_through_step > 0 and self.previous.exists():
+            self.previous.replace(self.path)  # a newer run started over and died before its first checkpoint
+        elif set_aside and self.path.exists():
+            self.path.replace(self.previous)
         kept = []
         if keep_through_step > 0 and self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -799,6 +808,10 @@ class _RolloutLog:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         tmp.replace(self.path)
+
+    def drop_previous(self) -> None:
+        """This run saved its first checkpoint: the superseded run's rollouts go with its checkpoints."""
+        self.previous.unlink(missing_ok=True)
 
     def append(self, step: int, groups: Sequence[Sequence[Rollout]], kept: Sequence[bool]) -> None:
         with self.path.open("a", encoding="utf-8") as f:
@@ -1025,7 +1038,7 @@ def train_rl(
             normaliser.load_state_dict(ckpt.state["reward_normaliser"])
         restore_rng_state(ckpt.objects["rng"], generators)
         step, history = ckpt.step, ckpt.state["history"]
-    rollout_log = _RolloutLog(rollouts_path, step) if dp.is_main else None
+    rollout_log = _RolloutLog(rollouts_path, step, set_aside=bool(superseded)) if dp.is_main else None
 
     def reference():
         """The KL reference: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
@@ -1052,6 +1065,8 @@ def train_rl(
             },
             supersedes=superseded,
         )
+        if superseded and rollout_log is not None:
+            rollout_log.drop_previous()
         superseded.clear()
 
     # Data parallel: every process samples the whole step (same weights, same seeds: the same rollouts), the

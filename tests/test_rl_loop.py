@@ -412,15 +412,20 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
     def crash_at_step_1(metrics, step):
         raise Crash
 
+    old_rollouts = (tmp_path / "rollouts.jsonl").read_text()
+    assert {json.loads(line)["step"] for line in old_rollouts.splitlines()} == {1, 2, 3}
     with pytest.raises(Crash):
         train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, crash_at_step_1, resume=False)
     assert list_checkpoints(ckpts) == [old]
+    assert (tmp_path / "rollouts.jsonl.previous").read_text() == old_rollouts  # set aside, not emptied
     kept = load_checkpoint(old)
     assert kept.state == old_state and kept.tensors["trainable"].keys() == old_weights.keys()
     for key, value in old_weights.items():
         assert torch.equal(kept.tensors["trainable"][key], value)
     # still the previous run's: resuming it with its own config finds all 3 steps done
     assert train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path).global_step == 3
+    assert (tmp_path / "rollouts.jsonl").read_text() == old_rollouts  # the previous run's rollouts are back
+    assert not (tmp_path / "rollouts.jsonl.previous").exists()
 
     listings = {}
 
@@ -429,6 +434,8 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
 
     train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, watch, resume=False)
     assert listings == {1: [old.name], 2: [old.name], 3: ["checkpoint-00000002"]}
+    assert not (tmp_path / "rollouts.jsonl.previous").exists()  # gone with the superseded checkpoints
+    assert {json.loads(line)["step"] for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()} == {1, 2, 3}
     (new,) = list_checkpoints(ckpts)
     assert new.name == "checkpoint-00000003" and load_checkpoint(new).state["fingerprint"] != old_state["fingerprint"]
 
