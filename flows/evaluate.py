@@ -7,9 +7,9 @@ downloaded from the MLflow registry into a temporary folder and measured like th
 compares figures of one run. data/evaluate/protocol.json is the protocol; per_problem.json holds every checkpoint's
 per-problem pass@1 for the paired tests.
 
-pass@{1,5,10,16}, the process metrics, format compliance and unsafe-code rate per checkpoint and split
-(tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with a paired bootstrap
-interval (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON per split + one PNG) and
+pass@k (k ≤ n/2), the process metrics, format compliance and unsafe-code rate per checkpoint and split
+(tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with its one-sided paired
+sign-flip p, interval and MDE (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON per split + one PNG) and
 the training curves of each training stage whose history file exists. Everything is logged to the stage's MLflow run.
 """
 

@@ -8,7 +8,6 @@ per problem of which c pass, pass@k = E[1 - C(n - c, k) / C(n, k)], computed in 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,53 +53,3 @@ def mean_pass_at_k(num_samples: Sequence[int] | int, num_correct: Sequence[int],
     if per_problem.size == 0:
         raise ValueError("mean pass@k over zero problems")
     return float(per_problem.mean())
-
-
-@dataclass(frozen=True)
-class PairedDelta:
-    """The change of a per-problem score between two checkpoints measured on the same problems.
-
-    delta: mean(after - before) over the P problems; low, high: the two-sided bootstrap percentile interval of that
-    mean at `confidence` (None when P < 2: no interval from one problem); n_problems: P.
-    """
-
-    delta: float
-    low: float | None
-    high: float | None
-    n_problems: int
-    confidence: float
-
-
-def paired_delta_ci(
-    before: Sequence[float], after: Sequence[float], confidence: float = 0.95, n_resamples: int = 10_000, seed: int = 0
-) -> PairedDelta:
-    """Mean per-problem change ``after - before`` with a paired bootstrap confidence interval.
-
-    before, after: one score per problem (e.g. pass@1 from n samples), same problems in the same order, shape (P,).
-    The problems are resampled with replacement (`scipy.stats.bootstrap`, percentile method, `n_resamples`
-    resamples, seeded), so the interval accounts for which problems were drawn, the dominant noise with few problems
-    (Efron & Tibshirani 1993, ch. 13; the paired design of Dror et al. 2018 for comparing two systems on one test set).
-
-    Raises ValueError when the lengths differ, P = 0 or `confidence` is not in (0, 1).
-    """
-    from scipy.stats import bootstrap
-
-    a = np.asarray(before, dtype=np.float64)
-    b = np.asarray(after, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"paired scores need the same problems: shapes {a.shape} and {b.shape}")
-    if a.size == 0:
-        raise ValueError("a paired difference over zero problems")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    diff = b - a
-    delta = float(diff.mean())
-    if diff.size < 2:
-        return PairedDelta(delta, None, None, int(diff.size), confidence)
-    if np.all(diff == diff[0]):  # every resample has the same mean
-        return PairedDelta(delta, delta, delta, int(diff.size), confidence)
-    res = bootstrap(
-        (diff,), np.mean, confidence_level=confidence, n_resamples=n_resamples, method="percentile", rng=seed
-    )
-    low, high = (float(x) for x in (res.confidence_interval.low, res.confidence_interval.high))
-    return PairedDelta(delta, low, high, int(diff.size), confidence)

@@ -3,10 +3,9 @@
 import itertools
 from math import comb
 
-import numpy as np
 import pytest
 
-from models.passk import PairedDelta, mean_pass_at_k, paired_delta_ci, pass_at_k, pass_at_k_per_problem
+from models.passk import mean_pass_at_k, pass_at_k, pass_at_k_per_problem
 
 
 def brute_force(n: int, c: int, k: int) -> float:
@@ -69,35 +68,3 @@ def test_mean_and_per_problem():
         mean_pass_at_k([], [], 1)
     with pytest.raises(ValueError):
         mean_pass_at_k([4, 1], [1, 0], 2)  # second problem has n < k
-
-
-def test_paired_delta_ci_matches_the_binomial_by_hand():
-    # diffs (1, 0, 0, 0): a resample's mean is K/4 with K ~ Binomial(4, 1/4);
-    # P(K = 0) = 0.316 > 0.025 → low = 0; P(K ≤ 2) = 0.949 < 0.975 ≤ P(K ≤ 3) = 0.996 → high = 3/4.
-    d = paired_delta_ci([0, 0, 0, 0], [1, 0, 0, 0], n_resamples=20_000)
-    assert d.delta == 0.25 and d.n_problems == 4
-    assert d.low == 0.0 and d.high == 0.75
-
-
-def test_paired_delta_ci_approaches_the_normal_interval():
-    rng = np.random.default_rng(0)
-    before = rng.integers(0, 2, 400).astype(float)
-    after = np.where(rng.random(400) < 0.3, 1.0 - before, before)  # 30% of problems flip
-    d = paired_delta_ci(before, after, n_resamples=20_000)
-    diff = after - before
-    half = 1.96 * diff.std(ddof=1) / np.sqrt(diff.size)
-    assert d.delta == pytest.approx(diff.mean())
-    assert d.low == pytest.approx(diff.mean() - half, abs=0.1 * half)
-    assert d.high == pytest.approx(diff.mean() + half, abs=0.1 * half)
-
-
-def test_paired_delta_ci_degenerate_and_bad_input():
-    assert paired_delta_ci([0.25], [0.75]) == PairedDelta(0.5, None, None, 1, 0.95)
-    same = paired_delta_ci([0.0, 0.5], [0.25, 0.75])
-    assert (same.low, same.high) == (0.25, 0.25)
-    with pytest.raises(ValueError, match="same problems"):
-        paired_delta_ci([0, 1], [0, 1, 1])
-    with pytest.raises(ValueError, match="zero problems"):
-        paired_delta_ci([], [])
-    with pytest.raises(ValueError, match="confidence"):
-        paired_delta_ci([0, 1], [1, 1], confidence=1.0)
