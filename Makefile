@@ -46,7 +46,7 @@ git-identity:
 	@git config user.email >/dev/null || git config user.email "didpo@localhost"
 	@git config user.name >/dev/null || git config user.name "didpo-pipeline"
 
-setup: $(VENV)/.installed git-identity
+setup: $(VENV)/.installed $(EXPORT_ENV)/.installed git-identity
 setup-dev: $(VENV)/.dev-installed git-identity
 
 run: setup

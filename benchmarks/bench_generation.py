@@ -7,11 +7,11 @@ checkpoint is exported once (cached under .cache/openvino by its weights' digest
 timed). Same work on both sides, one process, CPU, 2 threads each (``--threads``), fp32 weights: the first
 ``--prompts`` HumanEval problems as chat requests (`models.prompts.user_message`), ``--n`` answers per prompt at
 temperature 0.8, top-p 0.95, up to ``--max-new-tokens`` tokens, stopping at eos only (the code-block stop is off on
-both sides, so neither stops earlier than the other could). Ours decodes the 4 × 16 rows together (its default
-batch); the engine answers one prompt at a time (16 rows), seeded per prompt.
+both sides, so neither stops earlier than the other could). Both decode the 4 × 16 rows together (the default
+batch of 64 rows; the engine in one left-padded call).
 
-Same work is checked first: greedy answers (temperature 0) of every prompt from the engine at f32 must equal ours
-token for token (``CHECK same_work=ok``; otherwise ``same_work=FAIL`` and exit 1). Throughput = generated tokens
+Same work is checked first: greedy answers (temperature 0, all prompts in one batch) from the engine at f32 must equal
+ours token for token (``CHECK same_work=ok``; otherwise ``same_work=FAIL`` and exit 1). Throughput = generated tokens
 (eos included) / wall time, counted the same way on both sides (completion ids). The sides alternate, ``--repeats``
 times each; the median and the range are printed. The engine also runs with the bf16 inference hint (this CPU has
 AVX512-BF16), reported beside, not in the RESULT. Last line:

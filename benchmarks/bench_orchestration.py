@@ -39,7 +39,8 @@ from pathlib import Path
 from flows.evaluate import CHECKPOINTS, METRICS, OUT, REPORT, SAMPLES, FIGURES, present_checkpoints, selection_prefix
 from flows.validate import VALID_PROBLEMS
 from tasks.config import load_params
-from tasks.evaluate import SPLITS, comparison_markdown, evaluate_checkpoint, passk_rows, plot_passk, select_problems
+from tasks.evaluate import SPLITS, comparison_markdown, evaluate_checkpoint, passk_rows, plot_passk
+from tasks.evaluate import resolve_engine, select_problems
 from tasks.io import atomic_write_lines, write_json
 from tasks.measure import make_verifier
 
@@ -49,7 +50,9 @@ problems = select_problems(VALID_PROBLEMS, cfg, selection_prefix(params))
 metrics = {}
 with make_verifier(params.verifier) as verifier:
     for name, path in present_checkpoints().items():
-        metrics[name], _ = evaluate_checkpoint.fn(path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name)
+        metrics[name], _ = evaluate_checkpoint.fn(
+            path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, resolve_engine(cfg)
+        )
 write_json.fn(metrics, METRICS)
 atomic_write_lines(REPORT, [comparison_markdown(metrics).rstrip("\\n")])
 for split in SPLITS:

@@ -9,8 +9,9 @@ per-problem pass@1 for the paired tests.
 
 pass@k (k ≤ n/2), the process metrics, format compliance and unsafe-code rate per checkpoint and split
 (tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with its one-sided paired
-sign-flip p, interval and MDE (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON per split + one PNG) and
-the training curves of each training stage whose history file exists. Everything is logged to the stage's MLflow run.
+sign-flip p, interval and MDE (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON
+per split + one PNG) and the training curves of each training stage whose history file exists. Everything is logged
+to the stage's MLflow run.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tasks.evaluate import (
     plot_passk,
     protocol_record,
     read_history,
+    resolve_engine,
     select_problems,
 )
 from tasks.io import write_json, write_lines
@@ -97,7 +99,8 @@ def run(params_path: str = "params.yaml") -> dict:
     inputs = (str(VALID_PROBLEMS), *map(str, checkpoints.values()))
     with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs), tempfile.TemporaryDirectory() as tmp:
         problems = select_problems(VALID_PROBLEMS, cfg, selection_prefix(params))
-        protocol = protocol_record(cfg, problems)
+        engine = resolve_engine(cfg)
+        protocol = protocol_record(cfg, problems, engine)
         champion_version = download_champion(params.register.model_name, Path(tmp) / "champion")
         if champion_version is not None:
             checkpoints["champion"] = Path(tmp) / "champion"
@@ -106,7 +109,7 @@ def run(params_path: str = "params.yaml") -> dict:
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
                 metrics[name], per_problem[name] = evaluate_checkpoint(
-                    path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name
+                    path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, engine
                 )
         families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
         pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}

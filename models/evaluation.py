@@ -66,17 +66,23 @@ def sample_and_verify(
     sampling: SamplingConfig,
     verifier,
     progress: bool = True,
+    sampler=None,
 ) -> list[ProblemResult]:
     """Draw ``sampling.n`` answers per problem and verify each in the sandbox.
 
     Args:
         problems: rows in the problem schema (data/README.md).
         verifier: a ``models.verifier.Verifier`` (its ``check_many`` runs the programs in parallel).
+        sampler: an engine with ``sample(prompts, sampling)`` returning what `models.sampling.sample` returns (e.g.
+            `models.openvino_engine.OpenVINOSampler` of the same checkpoint); None: the torch sampler on ``model``.
     Returns:
         one :class:`ProblemResult` per problem, in input order.
     """
     prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
-    completions = sample(model, tokenizer, prompts, sampling, progress=progress)
+    if sampler is None:
+        completions = sample(model, tokenizer, prompts, sampling, progress=progress)
+    else:
+        completions = sampler.sample(prompts, sampling)
     jobs = [
         (assemble_program(p, c.code), p["test"], p["entry_point"])
         for p, samples in zip(problems, completions, strict=True)

@@ -14,10 +14,10 @@ torch nor transformers and lives in the project's environment. Without ``.venv-e
 openvino-genai) :func:`engine_available` says why and callers use the torch sampler.
 
 Differences from the torch sampler (measured and explained in ``benchmarks/bench_generation.py``): the random stream
-is the engine's (seeded per prompt from ``(seed, prompt index)``: a prompt's answers do not depend on the other
-prompts of the call, but they are not the torch sampler's samples); the code-block stop is the stop string
-``\\n```\\n`` plus eos, so an answer may end one token later than the torch sampler's (after the closing fence's
-newline). Greedy answers (temperature 0) are compared token for token by the benchmark.
+is the engine's (one seed per call of ``batch_size`` rows: the same prompts in the same order give the same answers,
+but they are not the torch sampler's samples and depend on the prompts sharing the call); the code-block stop is
+the stop string ``\\n```\\n`` plus eos, so an answer may end one token later than the torch sampler's (after the
+closing fence's newline). Greedy answers (temperature 0) are compared token for token by the benchmark.
 
 Sources: OpenVINO GenAI ``LLMPipeline`` / ``GenerationConfig`` (docs.openvino.ai, GenAI API), optimum-intel's
 exporter (huggingface/optimum-intel, ``optimum/exporters/openvino``).
@@ -152,6 +152,11 @@ class OpenVINOSampler:
     def sample(self, prompts: Sequence[str], config: SamplingConfig) -> list[list[Completion]]:
         """``config.n`` answers for each chat-rendered prompt (``completions[i][j]``, as `models.sampling.sample`).
 
+        Prompts go to the engine ``config.batch_size // n`` at a time (left-padded, one call: 4 prompts × 16
+        answers at the default 64 rows), each call seeded from ``(seed, index of its first prompt)``: the same
+        prompts in the same order give the same answers, but a prompt's answers depend on the prompts it shares a
+        call with (unlike the torch sampler's per-answer seeds).
+
         Raises:
             ValueError: an empty prompt.
         """
@@ -159,27 +164,36 @@ class OpenVINOSampler:
         import openvino as ov
         import openvino_genai
 
-        results = []
-        for i, prompt in enumerate(prompts):
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError("empty prompt")
-            inputs = openvino_genai.TokenizedInputs(
-                ov.Tensor(np.array([ids], dtype=np.int64)), ov.Tensor(np.ones((1, len(ids)), dtype=np.int64))
-            )
-            seed = int(np.random.SeedSequence([config.seed, i]).generate_state(1, np.uint32)[0])
+        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if any(not ids for ids in prompt_ids):
+            raise ValueError("empty prompt")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        per_call = max(1, config.batch_size // config.n)
+        results: list[list[Completion]] = []
+        for start in range(0, len(prompt_ids), per_call):
+            chunk = prompt_ids[start : start + per_call]
+            width = max(len(ids) for ids in chunk)
+            tokens = np.full((len(chunk), width), pad, dtype=np.int64)
+            mask = np.zeros((len(chunk), width), dtype=np.int64)
+            for k, ids in enumerate(chunk):  # left padding, as the torch sampler
+                tokens[k, width - len(ids) :], mask[k, width - len(ids) :] = ids, 1
+            seed = int(np.random.SeedSequence([config.seed, start]).generate_state(1, np.uint32)[0])
+            inputs = openvino_genai.TokenizedInputs(ov.Tensor(tokens), ov.Tensor(mask))
             sequences = [list(t) for t in self.pipe.generate(inputs, self._config(config, seed)).tokens]
-            if config.temperature == 0:
-                sequences = sequences * config.n  # greedy: one answer, the same n times
-            group = []
-            for tokens in sequences:
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                if tokens and tokens[-1] in self.eos_ids:
-                    reason = "eos"
-                elif (config.stop_on_code_block and code_block_closed(text)) or any(s in text for s in config.stop):
-                    reason = "stop"
-                else:
-                    reason = "length"
-                group.append(Completion(text, extract_code(text), list(ids), tokens, [], reason))
-            results.append(group)
+            per_prompt = 1 if config.temperature == 0 else config.n
+            for k, ids in enumerate(chunk):
+                mine = sequences[k * per_prompt : (k + 1) * per_prompt]
+                if config.temperature == 0:
+                    mine = mine * config.n  # greedy: one answer, the same n times
+                results.append([self._completion(ids, t, config) for t in mine])
         return results
+
+    def _completion(self, prompt_ids: list[int], tokens: list[int], config: SamplingConfig) -> Completion:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if tokens and tokens[-1] in self.eos_ids:
+            reason = "eos"
+        elif (config.stop_on_code_block and code_block_closed(text)) or any(s in text for s in config.stop):
+            reason = "stop"
+        else:
+            reason = "length"
+        return Completion(text, extract_code(text), list(prompt_ids), tokens, [], reason)

@@ -78,6 +78,12 @@ class EvaluateConfig:
         seed: sampling seed and corruption seed.
         checkpoints: which of base, sft, dpo, rl are measured (when present); a larger run that only asks
             "did RL help?" measures ``[dpo, rl]`` and halves the stage's time.
+        engine: ``openvino`` (OpenVINO GenAI, `models.openvino_engine`: each checkpoint exported once, ≈ 3× our
+            sampler's tokens/s on 2 cores) or ``torch`` (`models.sampling.sample`); without the export environment
+            (``make export-env``) the torch sampler is used and the stage says so. The engine that ran is part of
+            the protocol. Process metrics (consistency, recovery) always use the torch sampler.
+        precision: the engine's inference precision, ``f32`` or ``bf16`` (weights stay fp32; int8 would change the
+            model being measured and is not offered).
     """
 
     val_per_family: int = 4
@@ -93,8 +99,14 @@ class EvaluateConfig:
     recovery_samples: int = 4
     seed: int = 0
     checkpoints: tuple[str, ...] = CHECKPOINT_NAMES
+    engine: str = "openvino"
+    precision: str = "f32"
 
     def __post_init__(self):
+        if self.engine not in ("openvino", "torch"):
+            raise ValueError(f"evaluate.engine must be 'openvino' or 'torch', got {self.engine!r}")
+        if self.precision not in ("f32", "bf16"):
+            raise ValueError(f"evaluate.precision must be 'f32' or 'bf16', got {self.precision!r}")
         unknown = [name for name in self.checkpoints if name not in CHECKPOINT_NAMES]
         if unknown or not self.checkpoints:
             allowed, got = list(CHECKPOINT_NAMES), list(self.checkpoints)
@@ -146,9 +158,25 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
     }
 
 
-def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]]) -> dict:
+def resolve_engine(cfg: EvaluateConfig) -> tuple[str, str]:
+    """The engine this run uses, ``(name, precision)``: ``cfg.engine`` when it can run here, else ``("torch",
+    "f32")`` with a warning that says why (once a stage)."""
+    import logging
+
+    if cfg.engine == "torch":
+        return "torch", "f32"
+    from models.openvino_engine import engine_available
+
+    reason = engine_available()
+    if reason:
+        logging.getLogger(__name__).warning("evaluate: the torch sampler is used: %s", reason)
+        return "torch", "f32"
+    return cfg.engine, cfg.precision
+
+
+def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]], engine: tuple[str, str]) -> dict:
     """The evaluation protocol as data: the task ids and families of every split, answers per problem, the sampling
-    settings and seed, and ``id`` (the first 16 hex digits of the sha256 of everything else)."""
+    settings, seed and engine (`resolve_engine`), and ``id`` (the first 16 hex digits of the sha256 of the rest)."""
     record = {
         "splits": {split: [p["task_id"] for p in rows] for split, rows in problems.items()},
         "families": {
@@ -159,6 +187,8 @@ def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]]) -> dic
         "top_p": cfg.top_p,
         "max_new_tokens": cfg.max_new_tokens,
         "seed": cfg.seed,
+        "engine": engine[0],
+        "precision": engine[1],
     }
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
     return {"id": digest, **record}
@@ -217,9 +247,11 @@ def sandbox_checker(verifier):
     return check
 
 
-def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier) -> tuple[dict, list]:
+def evaluate_split(
+    model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier, sampler=None
+) -> tuple[dict, list]:
     """Every metric of one split (see the module docstring); returns ``(metrics, results)`` with the per-problem
-    `models.evaluation.ProblemResult` list."""
+    `models.evaluation.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch)."""
     from models.evaluation import sample_and_verify, summarise
     from models.process_metrics import decision_consistency, error_recovery, make_continuer
     from models.sampling import SamplingConfig
@@ -234,7 +266,7 @@ def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConf
     metrics: dict = {"n_problems": len(problems), "n_samples": cfg.n_samples}
     if not problems:
         return metrics, []
-    results = sample_and_verify(model, tokenizer, problems, sampling, verifier)
+    results = sample_and_verify(model, tokenizer, problems, sampling, verifier, sampler=sampler)
     metrics.update(summarise(results, cfg.ks()))
     metrics.update(answer_metrics(problems, results))
     subset = list(problems[: cfg.process_problems])
@@ -259,20 +291,36 @@ def evaluate_split(model, tokenizer, problems: Sequence[dict], cfg: EvaluateConf
 
 @task(cache_policy=NO_CACHE)
 def evaluate_checkpoint(
-    path: Path, dtype: str, problems: dict[str, list[dict]], cfg: EvaluateConfig, verifier, samples_dir: Path
+    path: Path,
+    dtype: str,
+    problems: dict[str, list[dict]],
+    cfg: EvaluateConfig,
+    verifier,
+    samples_dir: Path,
+    engine: tuple[str, str] = ("torch", "f32"),
 ) -> tuple[dict, dict[str, list[float]]]:
     """Load one checkpoint and measure it on every split; writes per-problem answers and verdicts to
-    ``samples_dir/<split>.jsonl``. Returns ``({split: metrics} plus "seconds" of wall-clock time, {split: [pass@1 of
-    each problem]})``, the second for the paired comparisons (`pass1_deltas`)."""
+    ``samples_dir/<split>.jsonl``. ``engine``: `resolve_engine`'s choice (``openvino``: the checkpoint is exported
+    to .cache/openvino once, by its weights' digest). Returns ``({split: metrics} plus "seconds" of wall-clock time
+    and "export_seconds", {split: [pass@1 of each problem]})``, the second for the paired comparisons."""
+    import torch
+
     from models.policy import load_policy
     from tasks.measure import write_results
 
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
+    sampler = None
     out: dict = {}
+    if engine[0] == "openvino":
+        from models.openvino_engine import OpenVINOSampler, export
+
+        ir = export(Path(path), Path(".cache/openvino"))
+        out["export_seconds"] = time.perf_counter() - started
+        sampler = OpenVINOSampler(ir, tokenizer, precision=engine[1], threads=torch.get_num_threads())
     per_problem: dict[str, list[float]] = {}
     for split, rows in problems.items():
-        out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier)
+        out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier, sampler)
         per_problem[split] = [r.pass_at(1) for r in results]
         write_results(results, samples_dir / f"{split}.jsonl")
     out["seconds"] = time.perf_counter() - started

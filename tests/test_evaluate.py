@@ -121,12 +121,30 @@ def test_protocol_problems_are_stratified_and_disjoint_from_selection():
     assert [p["task_id"] for p in chosen] == ["a/2", "a/3", "b/2", "b/3"]
     assert len(protocol_problems(rows, skip=4, per_family=0)) == 8
     cfg = EvaluateConfig()
-    record = protocol_record(cfg, {"val": chosen, "test": []})
+    engine = ("openvino", "f32")
+    record = protocol_record(cfg, {"val": chosen, "test": []}, engine)
     assert record["splits"] == {"val": ["a/2", "a/3", "b/2", "b/3"], "test": []}
     assert record["families"]["b/3"] == "b" and record["n_samples"] == 4 and len(record["id"]) == 16
-    assert protocol_record(cfg, {"val": chosen, "test": []})["id"] == record["id"]  # deterministic
-    assert protocol_record(EvaluateConfig(seed=1), {"val": chosen, "test": []})["id"] != record["id"]
-    assert protocol_record(cfg, {"val": chosen[:3], "test": []})["id"] != record["id"]
+    assert (record["engine"], record["precision"]) == engine
+    assert protocol_record(cfg, {"val": chosen, "test": []}, engine)["id"] == record["id"]  # deterministic
+    assert protocol_record(EvaluateConfig(seed=1), {"val": chosen, "test": []}, engine)["id"] != record["id"]
+    assert protocol_record(cfg, {"val": chosen[:3], "test": []}, engine)["id"] != record["id"]
+    assert protocol_record(cfg, {"val": chosen, "test": []}, ("torch", "f32"))["id"] != record["id"]
+
+
+def test_the_engine_falls_back_to_torch_and_says_why(monkeypatch, caplog):
+    import models.openvino_engine as engine
+    from tasks.evaluate import resolve_engine
+
+    assert resolve_engine(EvaluateConfig(engine="torch")) == ("torch", "f32")
+    monkeypatch.setattr(engine, "engine_available", lambda: "the export environment X is missing (make export-env)")
+    with caplog.at_level("WARNING"):
+        assert resolve_engine(EvaluateConfig(engine="openvino", precision="bf16")) == ("torch", "f32")
+    assert "torch sampler is used: the export environment X is missing" in caplog.text
+    monkeypatch.setattr(engine, "engine_available", lambda: None)
+    assert resolve_engine(EvaluateConfig(engine="openvino", precision="bf16")) == ("openvino", "bf16")
+    with pytest.raises(ConfigError, match="evaluate.engine must be"):
+        parse_params({"evaluate": {"engine": "vllm"}})
 
 
 def test_plots_are_written(tmp_path):
