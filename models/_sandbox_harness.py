@@ -350,14 +350,21 @@ def _kind(value) -> list:
     return ["data", encode(value)]
 
 
-def serve_candidate(program: str, entry_point: str, names: list[str], channel: int) -> None:
-    """Run in the candidate process: exec ``program``, report what it lends, then answer calls until EOF.
+def serve_candidate(channel: int) -> None:
+    """Run in the candidate process: receive the job, exec the program, report what it lends, answer calls until EOF.
 
-    ``channel``: a socket to the test process. Messages sent: first ``{"load": "ok", "names": {name: kind}}``
+    ``channel``: a socket to the test process, which sends the job first (``{"program", "entry_point", "names"}``:
+    the program reaches this process only through it, so the zygote this process is forked from never holds a
+    program, and no program can find an earlier one in its inherited memory). Messages sent: first
+    ``{"load": "ok", "names": {name: kind}}``
     (kinds from the requested ``names``) or ``{"load": reason}``; then one per request ``[name, args, kwargs]``
     (encoded data): ``{"ok": value}``, ``{"invalid": message}`` or ``{"raise": [TypeName, message]}``. Nothing
     here is trusted: the program runs in this interpreter.
     """
+    job = read_message(channel)
+    if type(job) is not dict:
+        return
+    program, entry_point, names = job["program"], job["entry_point"], job["names"]
     try:
         code = compile(program, "<candidate>", "exec", dont_inherit=True, optimize=0)
     except MemoryError:
@@ -447,14 +454,18 @@ def _make_proxy(name: str, channel: int):
     return proxy
 
 
-def run_tests(test_code, entry_point: str, names: list[str], send, channel: int) -> None:
-    """Run in the test process: wait for the candidate's load report, run every case, report through ``send``.
+def run_tests(test_code, program: str, entry_point: str, names: list[str], send, channel: int) -> None:
+    """Run in the test process: send the candidate process its job, wait for its load report, run every case,
+    report through ``send``.
 
     ``test_code``: the compiled :func:`transform_test` module; ``names``: its :func:`borrowed_names` (the only
-    names the program may lend); ``send(payload)`` writes one nonce-prefixed line. Returns after ``done``; ends
-    the process early (no more lines) when the candidate process is gone. ``channel``: the socket to it.
+    names the program may lend; a lent module must be one this process has already imported, so no import-time
+    code runs here on the program's say-so); ``send(payload)`` writes one nonce-prefixed line. Returns after
+    ``done``; ends the process early (no more lines) when the candidate process is gone. ``channel``: the socket
+    to it.
     """
     try:
+        write_message(channel, {"program": program, "entry_point": entry_point, "names": names})
         report = read_message(channel)
     except (OSError, ValueError, RecursionError):
         _candidate_gone()
@@ -472,12 +483,9 @@ def run_tests(test_code, entry_point: str, names: list[str], send, channel: int)
         if kind == ["callable"]:
             test_ns[name] = _make_proxy(name, channel)
         elif type(kind) is list and len(kind) == 2 and kind[0] == "module" and type(kind[1]) is str:
-            if kind[1].partition(".")[0] in sys.stdlib_module_names:
-                try:
-                    __import__(kind[1])
-                    test_ns[name] = sys.modules[kind[1]]
-                except ImportError:
-                    pass
+            module = sys.modules.get(kind[1])  # preloaded by the worker (math, re, ...), never imported here
+            if module is not None and kind[1].partition(".")[0] in sys.stdlib_module_names:
+                test_ns[name] = module
         elif type(kind) is list and len(kind) == 2 and kind[0] == "data":
             try:
                 test_ns[name] = decode(kind[1])

@@ -552,12 +552,11 @@ class Worker:
                 code, names = test
 
                 def tests():
-                    run_tests(code, entry_point, names, make_sender(3, nonce), 4)
+                    run_tests(code, program, entry_point, names, make_sender(3, nonce), 4)
 
                 # The test process first: a fork bomb of the candidate's cannot keep it from starting.
                 self.current.append(self._spawn(self.test_uid, [verdict_w, tests_end.fileno()], tests, "/", True))
-                job = {"program": program, "entry_point": entry_point, "names": names, "cwd": self.scratch}
-                candidate = self._zygote_call(job, candidate_end.fileno())
+                candidate = self._zygote_call({"cwd": self.scratch}, candidate_end.fileno())
         finally:
             os.close(verdict_w)
             tests_end.close()
@@ -605,7 +604,8 @@ class Worker:
         self.keep.add(pid)
 
     def _zygote_serve(self, sock: socket.socket) -> None:
-        """The zygote's loop: (socket end + job) → fork the candidate process; ``kill`` → kill, reap, report."""
+        """The zygote's loop: (socket end + working folder) → fork the candidate process; ``kill`` → kill, reap,
+        report. It never receives a program or a test: the candidate gets its program from the test process."""
         worker_pid, self.pid = self.pid, os.getpid()
         self.keep = {worker_pid, self.pid}
         signal.set_wakeup_fd(-1)
@@ -623,7 +623,7 @@ class Worker:
             job = read_message(fd) if fds else None
             if job is None:
                 return
-            body = functools.partial(serve_candidate, job["program"], job["entry_point"], job["names"], 3)
+            body = functools.partial(serve_candidate, 3)
             self.current = [self._spawn(self.uid, fds, body, job["cwd"])]
             os.close(fds[0])
             if read_message(fd) is None:
@@ -669,7 +669,7 @@ class Worker:
         return pid
 
     def _mount_scratch(self) -> None:
-        """The program's private tmpfs (mounted once per worker, emptied after each program)."""
+        """The program's private tmpfs: a fresh one for every program (`_clean_scratch` unmounts it)."""
         if not self.mount_ns:
             self.scratch = tempfile.mkdtemp(prefix="didpo-sandbox-")
             if self.uid is not None:
@@ -681,22 +681,16 @@ class Worker:
             self.scratch = _SCRATCH
 
     def _clean_scratch(self) -> None:
-        """Empty the scratch space; a tree rmtree cannot remove (too deep, ...) goes with a fresh tmpfs."""
+        """Drop the scratch space: the tmpfs is unmounted (the next program gets a fresh one, so nothing of this
+        program's files, its folder's mode or its extended attributes reaches the next), a temporary folder is
+        removed."""
         if self.scratch is None:
             return
         if not self.mount_ns:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
-            return
-        try:
-            for entry in os.scandir(self.scratch):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-        except (OSError, RecursionError):
+        else:
             self.libc.umount(self.scratch)
-            self.scratch = None
+        self.scratch = None
 
     def _enter_sandbox(self, fds: list[int], uid: int | None, cwd: str, undumpable: bool) -> None:
         """In the child, as root: own session, cwd, fds (``fds`` become 3, 4, ...; nothing else stays open),
@@ -719,6 +713,8 @@ class Worker:
             os.environ.clear()
             os.environ.update(_environment(self.scratch))
             tempfile.tempdir = None
+        if self.mount_ns:  # SysV IPC objects die with the process: no channel to the next program, no memory left
+            self.libc.unshare(CLONE_NEWIPC)
         if uid is not None:
             u = uid
             os.setgroups([])

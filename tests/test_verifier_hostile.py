@@ -890,3 +890,87 @@ def test_without_pid_namespace_orphans_are_still_killed():
     assert [r["reason"] for r in lines[1:]] == ["ok", "ok", "timeout"]
     uid = int(lines[0]["isolation"]["sandbox_uid"])
     assert processes_of({uid}) == []
+
+
+# ---------------------------------------------------------------- nothing of one program reaches the next
+# Found by a red-team pass on the two-process design: each of these leaked from one job to the next on the same
+# worker (the zygote's heap held earlier programs; the scratch root's mode and xattrs and SysV IPC objects
+# survived the job).
+
+HONEST_WITH_MARKERS = (  # a long answer: more of it survives in freed memory
+    '"""Reverse the digits. ' + "Some explanation a model would write. " * 40 + '"""\n'
+    "# ZZMARK_BEGIN\ndef f(x):\n    return int(str(x)[::-1]) if x > 9 else x + 1\n# ZZMARK_END\n"
+)
+STEAL_FROM_MEMORY = r"""
+import ctypes
+def _scan():
+    begin, end = b"ZZMARK_" + b"BEGIN", b"# ZZMARK_" + b"END"
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if not parts[1].startswith("rw") or (len(parts) > 5 and not parts[5].startswith("[")):
+                continue
+            lo, hi = (int(v, 16) for v in parts[0].split("-"))
+            data = ctypes.string_at(lo, hi - lo)
+            i = data.find(begin)
+            while i >= 0:
+                j = data.find(end, i)
+                if 0 < j - i < 4000:
+                    found.append(data[i + len(begin):j])
+                i = data.find(begin, i + 1)
+    return found
+ns = {}
+for chunk in _scan():
+    source = chunk.decode("utf-8", "replace").replace("\\n", "\n").replace('\\"', '"')
+    if "def f" in source:
+        try:
+            exec(source[source.index("def f"):], ns)
+            break
+        except Exception:
+            pass
+def f(x):
+    return ns["f"](x) if "f" in ns else None
+"""
+
+
+def test_a_program_cannot_copy_an_earlier_program_from_memory():
+    with Verifier(VerifierConfig(workers=1, timeout_s=TIMEOUT_S, cpu_s=2)) as v:
+        assert v.check(HONEST_WITH_MARKERS, CHECK_SECRET, "f").passed  # control: the honest answer passes
+        for _ in range(3):
+            stolen = v.check(STEAL_FROM_MEMORY, CHECK_SECRET, "f")
+            assert not stolen.passed and stolen.n_passed == 0, stolen
+
+
+def test_the_scratch_folder_and_sysv_ipc_do_not_outlive_a_program():
+    poison = (
+        "import os, ctypes\nos.setxattr('.', 'user.leak', b'7654321')\nos.chmod('.', 0o500)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.shmat.restype = ctypes.c_void_p\nlibc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]\n"
+        "sid = libc.shmget(0x5eed00, 1 << 20, 0o1000 | 0o666)\np = libc.shmat(sid, None, 0)\n"
+        "ctypes.memmove(p, b'7654321', 7)\nlibc.shmdt(ctypes.c_void_p(p))\n"
+        "def f(x):\n    return sid\n"
+    )
+    look = (
+        "import os, ctypes, tempfile\ndef f(x):\n    seen = []\n"
+        "    try:\n        seen.append(os.getxattr('.', 'user.leak'))\n    except OSError:\n        pass\n"
+        "    tempfile.TemporaryFile().close()\n"
+        "    if os.stat('.').st_mode & 0o777 != 0o700:\n        seen.append('mode')\n"
+        "    if ctypes.CDLL(None).shmget(0x5eed00, 0, 0) >= 0:\n        seen.append('shm')\n"
+        "    return seen\n"
+    )
+    test = "def check(candidate):\n    assert candidate(0) == []\n"
+    with Verifier(VerifierConfig(workers=1, timeout_s=TIMEOUT_S, cpu_s=2)) as v:
+        first = v.check(poison, "def check(candidate):\n    assert candidate(0) >= 0\n", "f")
+        assert first.passed, first  # the poisoning itself worked inside its own run
+        for _ in range(2):
+            v.check("def f(x):\n    return x\n", test, "f")
+            after = v.check(look, test, "f")
+            assert after.passed, after
+
+
+def test_a_lent_module_is_never_imported_in_the_test_process(verifier):
+    """A name the test reads (here ``candidate``, check's parameter) lent as a module object the test process has not
+    imported: no import happens there (on 9a8562d+two-process, `unittest.__main__` ran in the verdict process)."""
+    program = "import types\ncandidate = types.ModuleType('unittest.__main__')\ndef f(x):\n    return x + 1\n"
+    assert verifier.check(program, CHECK_F, "f").passed
