@@ -15,7 +15,7 @@ from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
-from tasks.measure import gate_verdict, make_verifier, measure_split, read_problems
+from tasks.measure import gate_verdict, make_sampler, make_verifier, measure_split, read_problems, resolve_engine
 
 OUT = Path("data/gate")
 METRICS = OUT / "metrics.json"
@@ -34,10 +34,14 @@ def run(params_path: str = "params.yaml") -> dict:
     with tracking.stage_run("gate", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(merged))):
         model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
+        engine = resolve_engine(cfg.engine, cfg.precision, "gate")
+        sampler = make_sampler(merged, tokenizer, engine)
         with make_verifier(params.verifier) as verifier:
-            metrics = measure_split(model, tokenizer, problems, cfg, verifier, OUT, "val", greedy=False)
+            metrics = measure_split(
+                model, tokenizer, problems, cfg, verifier, OUT, "val", greedy=False, sampler=sampler
+            )
         verdict = gate_verdict(metrics, cfg)
-        metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed}
+        metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed, "engine": "/".join(engine)}
         write_json(metrics, METRICS)
         tracking.log_artifacts(OUT, artifact_path="gate")
         tracking.mlflow_emit({f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}, step=0)

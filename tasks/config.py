@@ -120,6 +120,8 @@ class BaselineConfig:
     n_samples: samples per problem for pass@k (≥ k). k: the pass@k reported besides pass@1.
     val_problems / humaneval_problems: how many problems of each split are measured (0 = all); a CPU budget knob.
     max_new_tokens: generation budget per answer (tokens).
+    engine, precision: the generation engine (``openvino``: `models.openvino_engine`, the torch sampler where the
+        export environment is missing; ``torch``) and the engine's inference precision (``f32`` | ``bf16``).
     """
 
     n_samples: int = Field(default=16, ge=1)
@@ -130,6 +132,8 @@ class BaselineConfig:
     val_problems: int = Field(default=20, ge=0)
     humaneval_problems: int = Field(default=20, ge=0)
     seed: int = 0
+    engine: Literal["openvino", "torch"] = "openvino"
+    precision: Literal["f32", "bf16"] = "f32"
 
     def __post_init__(self):
         if self.k > self.n_samples:
@@ -142,6 +146,7 @@ class GateConfig:
 
     n_samples ≥ k answers per val problem at ``temperature``/``top_p``; the unbiased pass@k must exceed ``threshold``,
     else the pipeline stops before any preference or RL stage. val_problems: how many val problems (0 = all).
+    engine, precision: as ``baseline``'s (the engine that ran is in data/gate/metrics.json).
     """
 
     n_samples: int = Field(default=16, ge=1)
@@ -152,6 +157,8 @@ class GateConfig:
     max_new_tokens: int = Field(default=256, ge=16)
     val_problems: int = Field(default=20, ge=0)
     seed: int = 0
+    engine: Literal["openvino", "torch"] = "openvino"
+    precision: Literal["f32", "bf16"] = "f32"
 
     def __post_init__(self):
         if self.k > self.n_samples:

@@ -159,19 +159,10 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
 
 
 def resolve_engine(cfg: EvaluateConfig) -> tuple[str, str]:
-    """The engine this run uses, ``(name, precision)``: ``cfg.engine`` when it can run here, else ``("torch",
-    "f32")`` with a warning that says why (once a stage)."""
-    import logging
+    """The engine this run uses, ``(name, precision)`` (`tasks.measure.resolve_engine` for the evaluate stage)."""
+    from tasks.measure import resolve_engine as resolve
 
-    if cfg.engine == "torch":
-        return "torch", "f32"
-    from models.openvino_engine import engine_available
-
-    reason = engine_available()
-    if reason:
-        logging.getLogger(__name__).warning("evaluate: the torch sampler is used: %s", reason)
-        return "torch", "f32"
-    return cfg.engine, cfg.precision
+    return resolve(cfg.engine, cfg.precision, "evaluate")
 
 
 def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]], engine: tuple[str, str]) -> dict:
@@ -303,21 +294,15 @@ def evaluate_checkpoint(
     ``samples_dir/<split>.jsonl``. ``engine``: `resolve_engine`'s choice (``openvino``: the checkpoint is exported
     to .cache/openvino once, by its weights' digest). Returns ``({split: metrics} plus "seconds" of wall-clock time
     and "export_seconds", {split: [pass@1 of each problem]})``, the second for the paired comparisons."""
-    import torch
-
     from models.policy import load_policy
-    from tasks.measure import write_results
+    from tasks.measure import make_sampler, write_results
 
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
-    sampler = None
     out: dict = {}
-    if engine[0] == "openvino":
-        from models.openvino_engine import OpenVINOSampler, export
-
-        ir = export(Path(path), Path(".cache/openvino"))
+    sampler = make_sampler(Path(path), tokenizer, engine)
+    if sampler is not None:
         out["export_seconds"] = time.perf_counter() - started
-        sampler = OpenVINOSampler(ir, tokenizer, precision=engine[1], threads=torch.get_num_threads())
     per_problem: dict[str, list[float]] = {}
     for split, rows in problems.items():
         out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier, sampler)

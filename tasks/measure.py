@@ -50,12 +50,50 @@ def write_results(results, path: Path) -> None:
     atomic_write_lines(path, (json.dumps(asdict(r), ensure_ascii=False) for r in results))
 
 
+def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
+    """The generation engine a stage uses, ``(name, precision)``: ``engine`` when it can run here, else ``("torch",
+    "f32")`` with a warning naming ``stage`` and why."""
+    import logging
+
+    if engine == "torch":
+        return "torch", "f32"
+    from models.openvino_engine import engine_available
+
+    reason = engine_available()
+    if reason:
+        logging.getLogger(__name__).warning("%s: the torch sampler is used: %s", stage, reason)
+        return "torch", "f32"
+    return engine, precision
+
+
+def make_sampler(checkpoint: Path, tokenizer, engine: tuple[str, str]):
+    """The engine's sampler for ``checkpoint`` (`resolve_engine`'s choice): an `models.openvino_engine.OpenVINOSampler`
+    (the checkpoint exported once to .cache/openvino, by its weights' digest), or None for the torch sampler."""
+    if engine[0] != "openvino":
+        return None
+    import torch
+
+    from models.openvino_engine import OpenVINOSampler, export
+
+    ir = export(Path(checkpoint), Path(".cache/openvino"))
+    return OpenVINOSampler(ir, tokenizer, precision=engine[1], threads=torch.get_num_threads())
+
+
 @task(cache_policy=NO_CACHE)
 def measure_split(
-    model, tokenizer, problems, cfg: BaselineConfig | GateConfig, verifier, out: Path, split: str, greedy: bool = True
+    model,
+    tokenizer,
+    problems,
+    cfg: BaselineConfig | GateConfig,
+    verifier,
+    out: Path,
+    split: str,
+    greedy: bool = True,
+    sampler=None,
 ) -> dict:
     """pass@1/pass@k from ``cfg.n_samples`` answers per problem at the configured temperature, and (``greedy``) the
-    greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``."""
+    greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``.
+    ``sampler``: the engine (`make_sampler`), None for the torch sampler."""
     from models.evaluation import sample_and_verify, summarise
     from models.sampling import SamplingConfig
 
@@ -65,11 +103,13 @@ def measure_split(
     metrics: dict = {"n_problems": len(problems), "n_samples": cfg.n_samples}
     if greedy:
         one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
-        greedy_results = sample_and_verify(model, tokenizer, problems, one, verifier) if problems else []
+        greedy_results = (
+            sample_and_verify(model, tokenizer, problems, one, verifier, sampler=sampler) if problems else []
+        )
         write_results(greedy_results, out / f"{split}_greedy.jsonl")
         if greedy_results:
             metrics["greedy_pass@1"] = summarise(greedy_results, ks=[1])["pass@1"]
-    results = sample_and_verify(model, tokenizer, problems, sampled, verifier) if problems else []
+    results = sample_and_verify(model, tokenizer, problems, sampled, verifier, sampler=sampler) if problems else []
     write_results(results, out / f"{split}_samples.jsonl")
     metrics.update(summarise(results, ks=sorted({1, 5, 10, cfg.k} & set(range(1, cfg.n_samples + 1)))))
     return metrics
