@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import copy
 import json
 import os
@@ -162,8 +163,6 @@ def encode(value, depth: int = 0):
     container are ``[tag, ...]`` lists. Exact types only (by identity): a subclass, a custom ``__eq__`` or a
     generator is refused. Counter, OrderedDict and defaultdict become dicts, bytearray becomes bytes.
     """
-    import collections
-
     if depth > 64:
         raise _InvalidReturn("nested deeper than 64 levels")
     t = type(value)

@@ -254,12 +254,6 @@ def current_champion(client, name: str):
         return None
 
 
-def version_metrics(version) -> dict | None:
-    """The metrics recorded on a model version (tag ``didpo.metrics``), None when it has none."""
-    raw = (version.tags or {}).get(TAG_METRICS)
-    return json.loads(raw) if raw else None
-
-
 def download_champion(model_name: str, dest: Path) -> int | None:
     """Save the registry's ``champion`` of ``model_name`` as a ``from_pretrained`` folder at ``dest`` (model and
     tokenizer) so it can be measured beside this run's checkpoints; returns its version, or None (no champion)."""
