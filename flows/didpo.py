@@ -2,7 +2,8 @@
 
 The policy starts from data/checkpoints/dpo/merged; the KL reference (when ``didpo.kl_coef`` > 0) is the same weights
 with the LoRA adapters disabled. Outputs the adapter and a merged checkpoint, every rollout with its rewards
-(data/rl/rollouts.jsonl, for people to read), the run's metrics and the per-step history (DVC plots). The exact-resume
+(data/rl/rollouts.jsonl, for people to read), the screened prompt pool with its pass rates and control curves
+(data/rl/pool.json; train problems only), the run's metrics and the per-step history (DVC plots). The exact-resume
 checkpoints live beside the exports in data/checkpoints/rl/checkpoints/ (not a DVC out): a crash followed by
 `dvc repro` or `didpo run` continues from the last one.
 """
@@ -23,6 +24,7 @@ from tasks.rl import run_rl
 POLICY = Path("data/checkpoints/dpo/merged")  # the DPO stage's export
 OUT = Path("data/checkpoints/rl")
 ROLLOUTS = Path("data/rl/rollouts.jsonl")
+POOL = Path("data/rl/pool.json")  # the screened prompt pool: pass rates and start-policy control curves
 METRICS = Path("data/rl/metrics.json")
 HISTORY = Path("data/rl/history.json")
 
@@ -37,8 +39,8 @@ def run(params_path: str = "params.yaml") -> dict:
     with tracking.stage_run("didpo", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(POLICY))):
         problems = read_problems(VALID_PROBLEMS, "train")
         with make_verifier(params.verifier) as verifier:
-            metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS)
+            metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS, POOL)
         write_json(metrics, METRICS)
         write_json({"history": history}, HISTORY)
-        tracking.log_artifacts(METRICS, HISTORY, ROLLOUTS, artifact_path="didpo")
+        tracking.log_artifacts(METRICS, HISTORY, ROLLOUTS, POOL, artifact_path="didpo")
     return metrics

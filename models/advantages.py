@@ -137,6 +137,49 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4, 
     return centred / (std + eps)
 
 
+def didpo_group_advantages(
+    returns: torch.Tensor,
+    gaps: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    w_did: float,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """DiDPO's critic-free advantage (DIDPO.md v2, "Advantage"): per token,
+    A_{i,t} = [(R_i − mean_k R_k) − w_did·G_{i,j(t)−1}] / (std_k R_k + ε), GRPO's scaling (Shao et al. 2024, §4.1.2;
+    std with Bessel's correction, as `group_advantages`). The process term is a state-dependent baseline, so a
+    group whose returns are all equal gets advantage 0 whatever its gaps (it carries no signal). With w_did = 0
+    the result is `group_advantages` on every token, bit for bit.
+
+    Args:
+        returns: (B,) R_i, the G = `group_size` rollouts of a prompt contiguous.
+        gaps: (B, T) G_{i,j(t)−1} per token (`models.process_reward.token_gaps`; 0 where only the outcome counts).
+        mask: (B, T) 1 on completion tokens.
+        group_size: G ≥ 2 dividing B.
+        w_did: weight of the process term (≥ 0).
+        eps: ε added to the std (TRL's 1e-4).
+
+    Returns:
+        (B, T) advantages, 0 on padding.
+
+    Raises:
+        ValueError: shapes that do not match, or group_size < 2 or not dividing B.
+    """
+    returns = returns.to(torch_float(returns))
+    if gaps.shape != mask.shape or gaps.shape[0] != returns.shape[0]:
+        raise ValueError(f"gaps {tuple(gaps.shape)}, mask {tuple(mask.shape)} and returns {tuple(returns.shape)} differ")
+    if group_size < 2 or returns.numel() % group_size:
+        raise ValueError(f"group_size ({group_size}) must be >= 2 and divide the batch ({returns.numel()})")
+    outcome = group_advantages(returns, group_size, eps, True)  # (B,)
+    grouped = returns.view(-1, group_size)
+    std = grouped.std(dim=1, unbiased=True).repeat_interleave(group_size)  # (B,)
+    varied = (grouped.amax(dim=1) > grouped.amin(dim=1)).repeat_interleave(group_size)  # (B,)
+    process = (w_did * gaps.to(returns.dtype)) / (std + eps).unsqueeze(-1)  # (B, T)
+    process = process * varied.unsqueeze(-1).to(returns.dtype)
+    mask = mask.to(returns.dtype)
+    return (outcome.unsqueeze(-1) - process) * mask
+
+
 def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """Whiten `values` with the mean and unbiased variance of its masked entries, as TRL's ``masked_whiten``
     (``trl/core.py``, later ``trl/trainer/utils.py``, used by its PPO trainer for advantages; TRL 1.16 no longer

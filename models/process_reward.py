@@ -1,17 +1,22 @@
-"""Process rewards for DiDPO: the prefix score Φ, the reference's curve Ψ, DiD step rewards and the outcome reward.
+"""Process rewards for DiDPO version 2 (DIDPO.md): the prefix score Φ, control curves, gaps, potential-based
+shaping, and the outcome reward.
 
-DIDPO.md fixes the algorithm; in short, for a completion whose code has N lines (steps) and a reference with M:
+For a rollout i of prompt x whose code has N_i lines (steps), DIDPO.md, "Objects" and "The two differences":
 
-- Φ(prefix) = w_syntax·syntax + w_style·style + w_semantic·semantic + w_task·task, each cheap and deterministic
-  (see `prefix_score`);
-- r_j = Φ_j − Φ_{j−1}: step j's own effect (potential-based shaping, Ng, Harada & Russell 1999: the sum
-  telescopes to Φ(final) − Φ(empty));
-- Ψ(u): the reference's own prefix scores over relative progress u ∈ [0, 1], linearly interpolated between lines;
-  c_j = Ψ(u_j) − Ψ(u_{j−1}): the reference's improvement over the same stretch of progress (the common trend);
-- d_j = r_j − c_j: the DiD reward, step j's improvement net of the trend; Σ d = [Φ_N − Φ_0] − [Ψ(1) − Ψ(0)].
+- Φ(prefix) ∈ [0, 1]: the weighted mean (weights normalised to sum 1) of four components in [0, 1] (`prefix_score`);
+  prefix j is compared (semantic component) with the reference's first min(j, M) lines, so Φ depends on the
+  prefix alone;
+- progress u_j = min(1, j / L_x), L_x the control's mean number of lines (`progress`), known before the rollout;
+- a control curve C_x(u) on a fixed grid of u (`mean_curve`): the mean over control rollouts of each rollout's Φ
+  placed on its own relative progress k / N_c and linearly interpolated (see `rollout_curve`);
+- gap G_{i,j} = Φ_i(j) − C_x(u_j), G_{i,0} = 0; DiD step reward d_{i,j} = G_{i,j} − G_{i,j−1};
+- shaping "potential" (default): F_{i,j} = d_{i,j} for j < N_i and F_{i,N} = −G_{i,N−1}, so Σ_j F = 0 exactly and
+  the return is the outcome (Ng, Harada & Russell 1999, potential-based shaping with terminal potential 0);
+  "bonus" (version 1's reading, for the ablation): F = d, Σ_j F = G_{i,N}.
 
-The outcome reward (fraction of unit tests passed, or 0/1), the DAPO soft overlong penalty and the format term
-go on the last token (`terminal_reward`, `token_rewards`).
+The outcome R_i = V1 + w_partial·V2 (0 ≤ w_partial < 1) with a bounded format term goes on the last token
+(`terminal_reward`); an answer with no code earns 0 (the verifier's reason ``no_code``). DAPO's soft overlong
+penalty (`overlong_penalty`) is dapo's alone.
 
 Linting uses pycodestyle and pyflakes in-process (no subprocess per prefix); results are cached by source text,
 since every sample of a prompt scores the same reference prefixes.
@@ -37,8 +42,12 @@ from models.sampling import _FENCED_BLOCK, _PYTHON_TAGS
 if TYPE_CHECKING:
     import torch
 
-_OUTCOMES = ("v1", "v2")
-_ALIGNMENTS = ("progress", "lines")
+CONTROLS = ("start_policy", "group", "reference")
+SHAPINGS = ("potential", "bonus")
+# Control curves are stored as their values on the uniform grid u = k / CURVE_INTERVALS, k = 0..CURVE_INTERVALS, and
+# read between grid points by linear interpolation (`control_at`). 32 intervals resolve programs of up to 32 lines
+# exactly at their knots; the bundled reference programs have 5–20 lines.
+CURVE_INTERVALS = 32
 # pycodestyle checks that do not apply to a code prefix made of steps: blank lines are not steps, so the blank-line
 # rules (E3) and the end-of-file ones (W391, W292) would fire on every prefix; syntax errors (E9) are the syntax
 # component's business. The rest of pycodestyle's default selection stays (its default ignore list included).
@@ -48,27 +57,34 @@ _STYLE_IGNORE = ("E3", "E9", "W391", "W292")
 MAX_LINE_LENGTH = 120
 # Python tokens that carry no code content for the similarity (layout and comments).
 _LAYOUT_TOKENS = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.COMMENT}
+NO_CODE = "no_code"  # the verifier's reason for an answer without code of its own (`models.verifier.has_no_code`)
 
 
 @dataclass(frozen=True)
 class ProcessRewardConfig:
-    """How steps and outcomes are scored (DIDPO.md, "Objects" and "The two differences").
+    """The ``didpo.reward`` section: how steps and outcomes are scored (DIDPO.md v2, "Objects" to "Advantage").
 
     Attributes:
-        w_syntax: weight of the syntax component (1 when the prefix is valid-so-far Python, else 0).
-        w_style: weight of the style component (minus `style_scale` per lint violation in the prefix).
-        w_semantic: weight of the semantic component (token similarity in [0, 1] to the aligned reference prefix).
-        w_task: weight of the task component (fraction in [0, 1] of the problem's ``key_patterns`` present).
-        style_scale: style points lost per lint violation (pycodestyle + pyflakes).
-        outcome: "v2" = fraction of unit tests passed (seed reward V2); "v1" = 1 when all pass, else 0.
-        w_format: weight of the format term (1 when the answer has exactly one fenced python block); 0 disables.
-        overlong_max: DAPO soft overlong punishment (Yu et al. 2025, eq. 13): the most completion tokens, L_max;
-            0 disables the penalty.
+        w_syntax, w_style, w_semantic, w_task: weights (≥ 0) of Φ's components; Φ divides by their sum, so Φ ∈ [0, 1]
+            (all 0: Φ ≡ 0, no process signal).
+        style_scale: the style component is max(0, 1 − style_scale × lint violations of the prefix).
+        w_partial: partial credit, R = V1 + w_partial·V2 (V1 = 1 when every test passes, V2 = fraction passed);
+            in [0, 1) so that a passing program always out-scores a failing one. 0 = V1 alone (the default).
+        w_format: weight of the format term (1 when the answer has exactly one fenced python block), added to the
+            return; bounded: w_format < 1 − w_partial (the smallest outcome gap between a passing and a failing
+            program), so it can never reorder them. 0 disables.
+        w_did: weight of the process term (the DiD gaps) in the advantage / the shaped rewards; 0 = outcome only.
+        control: the control curve C_x: "start_policy" (the frozen start policy's screening rollouts on x),
+            "group" (leave-one-out mean of the other rollouts of the group) or "reference" (the reference
+            solution's curve, version 1's control, for the ablation).
+        shaping: "potential" (Σ_j F = 0: the return is the outcome) or "bonus" (Σ_j d added: version 1's reading).
+        overlong_max: dapo's soft overlong punishment (Yu et al. 2025, eq. 13): the most completion tokens, L_max;
+            0 disables it. didpo, grpo and rft ignore it.
         overlong_cache: the punishment interval L_cache (tokens): the penalty grows linearly from 0 at
             L_max − L_cache to −1 at L_max (and stays −1 beyond); 0 = a hard −1 beyond L_max.
-        alignment: how policy step j is placed on the reference's progress axis: "progress" = u_j = j/N;
-            "lines" = the relative position of the reference line matched to line j (difflib over stripped lines),
-            kept non-decreasing, with u_N = 1.
+
+    Raises:
+        ValueError: at construction, naming ``didpo.reward.<field>``.
     """
 
     w_syntax: float = 1.0
@@ -76,46 +92,81 @@ class ProcessRewardConfig:
     w_semantic: float = 1.0
     w_task: float = 0.5
     style_scale: float = 0.1
-    outcome: str = "v2"
+    w_partial: float = 0.0
     w_format: float = 0.0
+    w_did: float = 1.0
+    control: str = "start_policy"
+    shaping: str = "potential"
     overlong_max: int = 0
     overlong_cache: int = 0
-    alignment: str = "progress"
 
     def __post_init__(self):
-        if self.outcome not in _OUTCOMES:
-            raise ValueError(f"outcome must be one of {_OUTCOMES}, got {self.outcome!r}")
-        if self.alignment not in _ALIGNMENTS:
-            raise ValueError(f"alignment must be one of {_ALIGNMENTS}, got {self.alignment!r}")
-        if self.style_scale < 0:
-            raise ValueError(f"style_scale must be >= 0, got {self.style_scale}")
+        if self.control not in CONTROLS:
+            raise ValueError(f"didpo.reward.control must be one of {CONTROLS}, got {self.control!r}")
+        if self.shaping not in SHAPINGS:
+            raise ValueError(f"didpo.reward.shaping must be one of {SHAPINGS}, got {self.shaping!r}")
+        for name in ("w_syntax", "w_style", "w_semantic", "w_task", "style_scale", "w_format", "w_did"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"didpo.reward.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.w_partial < 1:
+            raise ValueError(
+                f"didpo.reward.w_partial must be in [0, 1), got {self.w_partial}: with w_partial >= 1 a program "
+                f"failing one test could score as much as a passing one"
+            )
+        if self.w_format >= 1 - self.w_partial:
+            raise ValueError(
+                f"didpo.reward.w_format ({self.w_format}) must be < 1 - didpo.reward.w_partial "
+                f"({1 - self.w_partial:g}), the outcome gap between a passing and a failing program: a bounded term "
+                f"must never reorder them"
+            )
         if self.overlong_max < 0 or self.overlong_cache < 0:
             raise ValueError(
-                f"overlong_max and overlong_cache must be >= 0, got {self.overlong_max} and {self.overlong_cache}"
+                f"didpo.reward.overlong_max and overlong_cache must be >= 0, got {self.overlong_max} and "
+                f"{self.overlong_cache}"
             )
         if self.overlong_cache > self.overlong_max:
-            raise ValueError(f"overlong_cache ({self.overlong_cache}) must be <= overlong_max ({self.overlong_max})")
+            raise ValueError(
+                f"didpo.reward.overlong_cache ({self.overlong_cache}) must be <= overlong_max ({self.overlong_max})"
+            )
+
+    @property
+    def weight_sum(self) -> float:
+        """Σ of Φ's component weights (Φ's normaliser)."""
+        return self.w_syntax + self.w_style + self.w_semantic + self.w_task
 
 
 @dataclass(frozen=True)
 class DiDRewards:
-    """The step rewards of one completion against its reference (all numpy float64).
+    """The process terms of one rollout against its control (numpy float64).
 
     Attributes:
-        phi: (N+1,) Φ of the completion's prefixes with 0..N lines.
-        psi: (M+1,) Ψ at the reference's own prefixes with 0..M lines (the knots of the interpolated curve).
-        r: (N,) r_j = Φ_j − Φ_{j−1}.
-        c: (N,) c_j = Ψ(u_j) − Ψ(u_{j−1}).
-        d: (N,) d_j = r_j − c_j.
-        progress: (N+1,) u_0 = 0 ≤ u_1 ≤ … ≤ u_N = 1 (u = [0] when N = 0).
+        phi: (N+1,) Φ_i(j) of the prefixes with 0..N lines.
+        progress: (N+1,) u_j = min(1, j / L_x).
+        control: (N+1,) C_x(u_j).
+        gap: (N+1,) G_{i,j} = Φ_i(j) − C_x(u_j), with G_{i,0} = 0.
+        d: (N,) d_{i,j} = G_{i,j} − G_{i,j−1}.
+        shaped: (N,) F_{i,j}: potential shaping (d_j for j < N, −G_{N−1} at j = N; Σ = 0) or bonus (F = d).
     """
 
     phi: np.ndarray
-    psi: np.ndarray
-    r: np.ndarray
-    c: np.ndarray
-    d: np.ndarray
     progress: np.ndarray
+    control: np.ndarray
+    gap: np.ndarray
+    d: np.ndarray
+    shaped: np.ndarray
+
+
+@dataclass(frozen=True)
+class Control:
+    """A control for prompt x: its curve C_x on the grid u = k / `CURVE_INTERVALS` and its mean length L_x.
+
+    Attributes:
+        curve: (CURVE_INTERVALS + 1,) float64.
+        lines: L_x, the control rollouts' mean number of code lines (≥ 0).
+    """
+
+    curve: np.ndarray
+    lines: float
 
 
 def _source(lines: Sequence[str]) -> str:
@@ -209,150 +260,163 @@ def _task(source: str, problem: dict) -> float:
 def prefix_score(
     lines: Sequence[str], problem: dict, reference_lines: Sequence[str], cfg: ProcessRewardConfig
 ) -> float:
-    """Φ of a code prefix (DIDPO.md, "Objects").
-
-    Components of the prefix source (each line followed by a newline):
+    """Φ of a code prefix (DIDPO.md, "Objects"): Σ_k w_k·c_k / Σ_k w_k ∈ [0, 1] over the components of the prefix
+    source (each line followed by a newline):
 
     - syntax ∈ {0, 1}: `syntax_ok`;
-    - style ≤ 0: −style_scale × the number of `lint_violations`;
-    - semantic ∈ [0, 1]: `similarity` to the aligned reference prefix `reference_lines`;
+    - style ∈ [0, 1]: max(0, 1 − style_scale × the number of `lint_violations`);
+    - semantic ∈ [0, 1]: `similarity` to `reference_lines` (the aligned reference prefix);
     - task ∈ [0, 1]: fraction of ``problem["key_patterns"]`` (substrings) present; 0 when there are none.
 
     Args:
         lines: the prefix's code lines (no newlines).
         problem: the problem record (only ``key_patterns`` is read).
-        reference_lines: the reference prefix aligned with this prefix (`prefix_scores` chooses it from the
-            whole reference).
+        reference_lines: the reference prefix aligned with this prefix (`prefix_scores` takes its first min(j, M)).
         cfg: the weights.
 
     Returns:
-        w_syntax·syntax + w_style·style + w_semantic·semantic + w_task·task.
+        Φ ∈ [0, 1]; 0 when every weight is 0.
     """
+    total = cfg.weight_sum
+    if total == 0:
+        return 0.0
     source = _source(lines)
     score = 0.0
     if cfg.w_syntax:
         score += cfg.w_syntax * float(syntax_ok(source))
     if cfg.w_style:
-        score -= cfg.w_style * cfg.style_scale * len(lint_violations(source))
+        score += cfg.w_style * max(0.0, 1.0 - cfg.style_scale * len(lint_violations(source)))
     if cfg.w_semantic:
         score += cfg.w_semantic * similarity(source, _source(reference_lines))
     if cfg.w_task:
         score += cfg.w_task * _task(source, problem)
-    return score
-
-
-def progress(lines: Sequence[str], reference_lines: Sequence[str], alignment: str = "progress") -> np.ndarray:
-    """The policy's relative progress u_j ∈ [0, 1] along the reference after each of its N steps.
-
-    "progress": u_j = j/N. "lines": lines are matched to reference lines by ``difflib.SequenceMatcher`` over
-    whitespace-stripped lines; a matched line's progress is (m+1)/M for reference line m (0-based), an unmatched
-    line keeps its predecessor's, the sequence is made non-decreasing (running maximum), and the last step
-    reaches u_N = 1 (the finished program is compared with the finished reference).
-
-    Returns:
-        (N+1,) float64 with u_0 = 0 and, when N ≥ 1, u_N = 1; ``[0.0]`` when N = 0.
-
-    Raises:
-        ValueError: unknown alignment.
-    """
-    n, m = len(lines), len(reference_lines)
-    if alignment not in _ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {_ALIGNMENTS}, got {alignment!r}")
-    if n == 0:
-        return np.zeros(1)
-    if alignment == "progress" or m == 0:
-        return np.arange(n + 1) / n
-    matcher = difflib.SequenceMatcher(
-        None, [line.strip() for line in lines], [line.strip() for line in reference_lines], autojunk=False
-    )
-    matched = np.zeros(n + 1)
-    for a, b, size in matcher.get_matching_blocks():
-        for k in range(size):
-            matched[a + k + 1] = (b + k + 1) / m
-    u = np.maximum.accumulate(matched)
-    u[n] = 1.0
-    return u
-
-
-def _aligned_count(u: float, m: int) -> int:
-    """Reference lines in the prefix aligned with progress u: the nearest whole line, ⌊u·M + ½⌋."""
-    return int(np.floor(u * m + 0.5))
+    return score / total
 
 
 def prefix_scores(
     lines: Sequence[str], problem: dict, reference_lines: Sequence[str], cfg: ProcessRewardConfig
 ) -> np.ndarray:
-    """Φ of the completion's prefixes with 0..N lines.
-
-    Prefix j is compared (semantic component) with the reference's first ⌊u_j·M + ½⌋ lines, u_j from
-    `progress` with ``cfg.alignment``.
+    """Φ of the prefixes with 0..N lines; prefix j is compared with the reference's first min(j, M) lines (line
+    count alignment: it depends on the prefix alone, never on the completion's final length).
 
     Returns:
-        (N+1,) float64.
+        (N+1,) float64 in [0, 1].
     """
-    u = progress(lines, reference_lines, cfg.alignment)
-    m = len(reference_lines)
     return np.array(
-        [
-            prefix_score(lines[:j], problem, reference_lines[: _aligned_count(u[j], m)], cfg)
-            for j in range(len(lines) + 1)
-        ],
+        [prefix_score(lines[:j], problem, reference_lines[:j], cfg) for j in range(len(lines) + 1)],
         dtype=np.float64,
     )
 
 
 def reference_curve(reference_lines: Sequence[str], problem: dict, cfg: ProcessRewardConfig) -> np.ndarray:
-    """Ψ at the reference's own prefixes: Φ of its first k lines, k = 0..M (its semantic component is 1: each
-    prefix is compared with itself).
+    """Ψ: Φ of the reference's own prefixes with 0..M lines (its semantic component is 1: each prefix is compared
+    with itself). Returns (M+1,) float64."""
+    return prefix_scores(reference_lines, problem, reference_lines, cfg)
+
+
+def progress(n_steps: int, control_lines: float) -> np.ndarray:
+    """u_j = min(1, j / L_x) for j = 0..N (DIDPO.md, "The two differences"); L_x = 0 (a control without code) puts
+    every step j ≥ 1 at u = 1.
 
     Returns:
-        (M+1,) float64.
+        (N+1,) float64, u_0 = 0, non-decreasing, ≤ 1.
+
+    Raises:
+        ValueError: n_steps < 0 or control_lines < 0.
     """
-    m = len(reference_lines)
-    return np.array(
-        [prefix_score(reference_lines[:k], problem, reference_lines[:k], cfg) for k in range(m + 1)],
-        dtype=np.float64,
-    )
+    if n_steps < 0 or control_lines < 0:
+        raise ValueError(f"need n_steps >= 0 and control_lines >= 0, got {n_steps} and {control_lines}")
+    j = np.arange(n_steps + 1, dtype=np.float64)
+    if control_lines == 0:
+        return np.minimum(j, 1.0)
+    return np.minimum(1.0, j / control_lines)
 
 
-def did_rewards(
-    lines: Sequence[str], reference_lines: Sequence[str], problem: dict, cfg: ProcessRewardConfig
-) -> DiDRewards:
-    """DiD step rewards of a completion against the reference (DIDPO.md, "The two differences").
+def curve_grid() -> np.ndarray:
+    """The grid u_k = k / `CURVE_INTERVALS`, k = 0..CURVE_INTERVALS: (CURVE_INTERVALS + 1,) float64."""
+    return np.arange(CURVE_INTERVALS + 1, dtype=np.float64) / CURVE_INTERVALS
 
-    Ψ(u) interpolates the reference curve linearly over the knots u = k/M; c_j = Ψ(u_j) − Ψ(u_{j−1}).
 
-    Edge cases: N = 0 (no code) gives empty r, c, d (nothing to credit; the outcome reward alone scores the
-    answer) with phi = [Φ(empty)] and progress = [0]. M = 0 (empty reference) makes Ψ constant, so c = 0 and d = r.
+def rollout_curve(phi: Sequence[float]) -> np.ndarray:
+    """One control rollout's Φ placed on relative progress: its N_c + 1 prefix scores at u = k / N_c (its own
+    length: the control is complete before any policy rollout), linearly interpolated, read on `curve_grid`; a
+    rollout without code (N_c = 0) is the constant Φ(empty).
 
     Returns:
-        `DiDRewards`; for N ≥ 1, Σ r = Φ_N − Φ_0 and Σ d = [Φ_N − Φ_0] − [Ψ(1) − Ψ(0)].
+        (CURVE_INTERVALS + 1,) float64.
     """
-    phi = prefix_scores(lines, problem, reference_lines, cfg)
-    psi = reference_curve(reference_lines, problem, cfg)
-    u = progress(lines, reference_lines, cfg.alignment)
-    m = len(reference_lines)
-    psi_at_u = np.full_like(u, psi[0]) if m == 0 else np.interp(u, np.arange(m + 1) / m, psi)
-    r = np.diff(phi)
-    c = np.diff(psi_at_u)
-    return DiDRewards(phi=phi, psi=psi, r=r, c=c, d=r - c, progress=u)
+    phi = np.asarray(phi, dtype=np.float64)
+    if phi.ndim != 1 or phi.size == 0:
+        raise ValueError(f"phi must be a non-empty (N+1,) array, got shape {phi.shape}")
+    n = phi.size - 1
+    if n == 0:
+        return np.full(CURVE_INTERVALS + 1, phi[0])
+    return np.interp(curve_grid(), np.arange(n + 1) / n, phi)
 
 
-def outcome_reward(passed: int, total: int, cfg: ProcessRewardConfig) -> float:
-    """The verifier's outcome reward: "v2" = passed/total, "v1" = 1.0 when every test passed, else 0.0.
+def mean_control(phis: Sequence[Sequence[float]]) -> Control:
+    """The control of a set of control rollouts: C_x = the mean of their `rollout_curve`s, L_x = their mean number
+    of lines (len(phi) − 1).
 
-    A problem without tests (total = 0) earns 0.0: nothing was verified.
+    Raises:
+        ValueError: no rollouts.
+    """
+    if not phis:
+        raise ValueError("a control needs at least one rollout")
+    curve = np.mean([rollout_curve(phi) for phi in phis], axis=0)
+    return Control(curve=curve, lines=float(np.mean([len(phi) - 1 for phi in phis])))
+
+
+def control_at(control: Control, u: np.ndarray) -> np.ndarray:
+    """C_x(u): the control's grid values, linearly interpolated at `u` (any shape, values in [0, 1])."""
+    return np.interp(np.asarray(u, dtype=np.float64), curve_grid(), control.curve)
+
+
+def did_rewards(phi: Sequence[float], control: Control, shaping: str = "potential") -> DiDRewards:
+    """Gaps, DiD step rewards and shaped step rewards of one rollout (DIDPO.md, "The two differences").
+
+    Args:
+        phi: (N+1,) Φ_i(0..N) of the rollout's prefixes (`prefix_scores`).
+        control: C_x and L_x.
+        shaping: "potential": F_j = d_j for j < N, F_N = −G_{N−1} (Σ_j F_j = 0 exactly); "bonus": F = d.
+
+    Returns:
+        `DiDRewards`; N = 0 (no code) gives empty d and shaped, gap = [0].
+
+    Raises:
+        ValueError: unknown shaping, or an empty phi.
+    """
+    if shaping not in SHAPINGS:
+        raise ValueError(f"shaping must be one of {SHAPINGS}, got {shaping!r}")
+    phi = np.asarray(phi, dtype=np.float64)
+    if phi.ndim != 1 or phi.size == 0:
+        raise ValueError(f"phi must be a non-empty (N+1,) array, got shape {phi.shape}")
+    u = progress(phi.size - 1, control.lines)
+    c = control_at(control, u)
+    gap = phi - c
+    gap[0] = 0.0  # both start from the empty prefix
+    d = np.diff(gap)
+    shaped = d.copy()
+    if shaping == "potential" and d.size:
+        shaped[-1] = -gap[-2]  # terminal potential 0: Σ_{j<N} d_j − G_{N−1} = 0
+    return DiDRewards(phi=phi, progress=u, control=c, gap=gap, d=d, shaped=shaped)
+
+
+def outcome_reward(passed: int, total: int, cfg: ProcessRewardConfig, reason: str = "") -> float:
+    """The outcome R = V1 + w_partial·V2 (DIDPO.md, "Objects"): V1 = 1.0 when every test passed, else 0.0;
+    V2 = passed / total. 0.0 for an answer with no code (`reason` "no_code") and for a problem without tests.
 
     Raises:
         ValueError: negative counts or passed > total.
     """
     if passed < 0 or total < 0 or passed > total:
         raise ValueError(f"need 0 <= passed <= total, got passed={passed}, total={total}")
-    if total == 0:
+    if total == 0 or reason == NO_CODE:
         return 0.0
-    if cfg.outcome == "v1":
-        return float(passed == total)
-    return passed / total
+    reward = float(passed == total)
+    if cfg.w_partial:
+        reward += cfg.w_partial * passed / total
+    return reward
 
 
 def overlong_penalty(length: int, cfg: ProcessRewardConfig) -> float:
@@ -382,9 +446,12 @@ def format_reward(text: str) -> float:
     return float(len(blocks) == 1)
 
 
-def terminal_reward(passed: int, total: int, text: str, length: int, cfg: ProcessRewardConfig) -> float:
-    """What goes on the last token: `outcome_reward` + w_format·`format_reward` + `overlong_penalty`."""
-    reward = outcome_reward(passed, total, cfg) + overlong_penalty(length, cfg)
+def terminal_reward(passed: int, total: int, text: str, cfg: ProcessRewardConfig, reason: str = "") -> float:
+    """The return's terms on the last token: `outcome_reward` + w_format·`format_reward`; 0.0 for an answer with
+    no code (nothing pays it)."""
+    if reason == NO_CODE:
+        return 0.0
+    reward = outcome_reward(passed, total, cfg, reason)
     if cfg.w_format:
         reward += cfg.w_format * format_reward(text)
     return reward
@@ -393,10 +460,10 @@ def terminal_reward(passed: int, total: int, text: str, length: int, cfg: Proces
 def token_rewards(
     step_rewards: np.ndarray, step_end_tokens: Sequence[int], outcome: float, length: int
 ) -> torch.Tensor:
-    """Per-token rewards of one completion (DIDPO.md, "Per-token reward").
+    """Per-token rewards of one completion (the critic's rewards, DIDPO.md "Advantage").
 
     Args:
-        step_rewards: (N,) e.g. ``DiDRewards.d``.
+        step_rewards: (N,) e.g. w_did·``DiDRewards.shaped``.
         step_end_tokens: N token indices (from `models.code_steps.code_line_ends`); a repeated index receives
             the sum of its steps' rewards.
         outcome: the terminal reward, added on the last token (length − 1).
@@ -411,13 +478,43 @@ def token_rewards(
     import torch
 
     step_rewards = np.asarray(step_rewards, dtype=np.float64).reshape(-1)
-    if length < 1:
-        raise ValueError(f"length must be >= 1, got {length}")
-    if len(step_rewards) != len(step_end_tokens):
-        raise ValueError(f"{len(step_rewards)} step rewards but {len(step_end_tokens)} step end tokens")
-    if any(not 0 <= t < length for t in step_end_tokens):
-        raise ValueError(f"step end tokens must lie in [0, {length}), got {list(step_end_tokens)}")
+    _check_steps(len(step_rewards), step_end_tokens, length)
     out = np.zeros(length)
     np.add.at(out, np.asarray(step_end_tokens, dtype=np.int64), step_rewards)
     out[length - 1] += outcome
     return torch.from_numpy(out).to(torch.float32)
+
+
+def token_gaps(gap: Sequence[float], step_end_tokens: Sequence[int], length: int) -> np.ndarray:
+    """G_{i, j(t)−1} for every token t (DIDPO.md, "Advantage"): j(t) is the step token t belongs to, the first j
+    with t ≤ t_j (tokens before the first step's end: step 1, G_0 = 0); tokens after the last step's end carry 0.
+
+    Args:
+        gap: (N+1,) ``DiDRewards.gap``.
+        step_end_tokens: N non-decreasing token indices.
+        length: tokens in the completion.
+
+    Returns:
+        (length,) float64.
+
+    Raises:
+        ValueError: as `token_rewards`, or len(gap) != N + 1.
+    """
+    gap = np.asarray(gap, dtype=np.float64).reshape(-1)
+    if len(gap) != len(step_end_tokens) + 1:
+        raise ValueError(f"{len(gap)} gaps for {len(step_end_tokens)} steps (need N + 1)")
+    _check_steps(len(step_end_tokens), step_end_tokens, length)
+    out, start = np.zeros(length), 0
+    for j, end in enumerate(step_end_tokens, start=1):
+        out[start : end + 1] = gap[j - 1]
+        start = max(start, end + 1)
+    return out
+
+
+def _check_steps(n: int, step_end_tokens: Sequence[int], length: int) -> None:
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    if n != len(step_end_tokens):
+        raise ValueError(f"{n} step rewards but {len(step_end_tokens)} step end tokens")
+    if any(not 0 <= t < length for t in step_end_tokens):
+        raise ValueError(f"step end tokens must lie in [0, {length}), got {list(step_end_tokens)}")

@@ -79,7 +79,7 @@ from models.process_reward import ProcessRewardConfig
 if TYPE_CHECKING:
     import torch
 
-ALGOS = ("didpo", "grpo", "dapo")
+ALGOS = ("didpo", "grpo", "dapo", "rft")
 _MIXED_PRECISION = ("auto", "bf16", "no")
 # Upper bounds checked at load: far above any useful setting, low enough that a typo fails with the key's name
 # instead of in the allocator (the model- and machine-dependent limits are `check_rollout_fits`'s, at stage start).
@@ -93,56 +93,63 @@ class RLConfig:
     """The ``didpo`` section of params.yaml (the stage is ``didpo`` whatever the algorithm).
 
     Attributes:
-        algo: "didpo" (process rewards + critic + GAE), "grpo" or "dapo" (critic-free baselines; module docstring).
-        steps: RL steps (one rollout phase + one PPO update phase each).
+        algo: "didpo" (DIDPO.md v2), "grpo", "dapo" or "rft" (baselines in the same loop; module docstring).
+        steps: RL steps (one rollout phase + one update phase each).
         prompts_per_step: problems per step (groups in the batch), at most `MAX_PROMPTS_PER_STEP`.
         group_size: samples per problem (K), at most `MAX_GROUP_SIZE`; the batch has prompts_per_step × group_size
-            rollouts, decoded together. ≥ 2 for grpo/dapo (a group's std needs two samples).
+            rollouts, decoded together. ≥ 2 except for rft and didpo with a critic (a group's std needs two).
         max_new_tokens: the most tokens generated per sample, at most `MAX_NEW_TOKENS` (and, at stage start, what
-            the model's context leaves after the longest prompt: `check_rollout_fits`).
-        temperature: sampling temperature (1 = sample from π_θ itself; old log-probs are π_θ's either way).
-        top_p: nucleus mass for sampling, in (0, 1].
-        learning_rate: AdamW learning rate of the policy's trainable weights (LoRA adapters by default).
-        value_learning_rate: AdamW learning rate of the value head (didpo).
+            the model's context leaves after the longest prompt: `check_rollout_fits`; no less than the SFT
+            answers' p90: `check_budget_fits_answers`; params.yaml: no less than ``evaluate.max_new_tokens``).
+        temperature: sampling temperature T; log-probs are scored at T on both sides (logits / T, as TRL).
+        top_p: must be 1: a truncated sampling distribution is not the one the loss scores (DIDPO.md, "Loss").
+        learning_rate: AdamW learning rate of the policy's trainable weights (LoRA: 1e-4 – 2e-4, DIDPO.md).
+        value_learning_rate: AdamW learning rate of the value head (didpo with a critic).
         ppo_epochs: passes over the step's rollouts.
         minibatch_size: rollouts per minibatch (one optimizer step each), per process: with N processes
             (``accelerate launch``, `models.distributed`) a minibatch is N × minibatch_size rollouts, split between
             them; prompts_per_step and group_size stay global (every process samples the whole step).
         eps_low: PPO clip range below 1: the ratio is clipped at 1 − eps_low.
         eps_high: PPO clip range above 1 (clip-higher, DAPO §3.1); grpo ignores it and uses eps_low.
-        vf_coef: weight c_vf of the value loss in the total loss (didpo).
+        critic: didpo only: a value head + GAE instead of the group baseline (DIDPO.md, "Advantage"): per-token
+            rewards w_did·F on step ends and the outcome on the last token.
+        vf_coef: weight c_vf of the value loss in the total loss (critic).
         vf_clip: value clipping ε_v: the clipped prediction is V_old ± ε_v (units of reward); 0 = no clipping.
         ent_coef: weight c_ent of the entropy bonus (the loss subtracts c_ent · mean token entropy, nats).
-        kl_coef: β of the KL to the reference (the starting weights: adapters disabled); 0 = no reference
-            forward at all. didpo puts −β·k3 in the per-token rewards (DIDPO.md), grpo/dapo add β·k3 to the loss
-            (TRL's GRPO).
+        kl_coef: β of the KL to the start policy (adapters disabled): β·k3 added to the loss (TRL's GRPO), or
+            −β·k3 in the per-token rewards with a critic. KL to the start policy is logged every step either way.
         target_kl: stop the step's PPO updates once a minibatch's approx_kl exceeds this; 0 = never.
         max_grad_norm: clip the global gradient L2 norm to this; 0 = no clipping.
-        gamma: discount γ of GAE (didpo).
-        lam: GAE λ for the advantages (didpo), and for the returns unless `lam_critic` is set.
+        gamma: discount γ of GAE (critic).
+        lam: GAE λ for the advantages (critic), and for the returns unless `lam_critic` is set.
         lam_critic: GAE λ for the value targets (returns), decoupled from the policy's λ (VAPO §3.2: 1.0);
             None = `lam`.
         adaptive_lambda_alpha: > 0 makes the policy's λ length-adaptive, λ = 1 − 1/(α·T) per sequence of T
             tokens (VAPO §3.3, α = 0.05); 0 = the fixed `lam`.
-        whiten_advantages: normalise didpo's advantages to zero mean and unit std over the batch's tokens.
-        normalize_rewards: divide didpo's token rewards by the running std of sequence returns (seed §4.3).
-        reward_clip: clip didpo's (normalised) token rewards to [−reward_clip, reward_clip]; 0 = no clipping.
-        group_eps: ε in (r − mean)/(std + ε) of grpo/dapo (TRL's 1e-4).
-        critic_warmup_steps: the first steps train the value head only (value pretraining, VAPO §3.1); didpo.
-        max_refill: dapo's dynamic sampling: extra prompt draws per step to replace groups whose rewards are all
-            equal (each draw asks for as many prompts as groups are missing); 0 = drop without refilling.
-        reward: the process and outcome reward settings (`models.process_reward.ProcessRewardConfig`): weights of
-            Φ's components, outcome "v1" (0/1) or "v2" (fraction of tests), format term, overlong shaping. The
-            overlong penalty must be reachable within the budget: its start (``overlong_max − overlong_cache``) <
-            ``overlong_max`` ≤ `max_new_tokens`, or, for a hard cut (``overlong_cache`` 0), ``overlong_max`` <
-            `max_new_tokens` (otherwise no completion could ever be penalised, or none could reach −1).
-        lora: train LoRA adapters (True) or every weight (False; the KL reference is then a frozen copy).
+        whiten_advantages: normalise the critic's advantages to zero mean and unit std over the batch's tokens.
+        normalize_rewards: divide the critic's token rewards by the running std of sequence returns (seed §4.3).
+        reward_clip: clip the critic's (normalised) token rewards to [−reward_clip, reward_clip]; 0 = no clipping.
+        group_eps: ε in (r − mean)/(std + ε) of the group baselines (TRL's 1e-4).
+        critic_warmup_steps: the first steps train the value head only (value pretraining, VAPO §3.1).
+        max_refill: dapo's dynamic sampling: extra prompt draws per step to replace groups whose accuracy is all
+            0 or all 1 (each draw asks for as many prompts as groups are missing); 0 = drop without refilling.
+        screen_samples: K_s, answers of the start policy per screened problem (DIDPO.md, "Prompt pool"); problems
+            with 0 < passes < K_s form the training pool and their rollouts the ``start_policy`` control. 0 = no
+            screen: train on every problem given (the control must then be "group" or "reference").
+        screen_problems: how many train problems are screened (the first of a seeded order; 0 = all): the screen
+            costs screen_samples answers of each.
+        reward: the reward settings (`models.process_reward.ProcessRewardConfig`): Φ's weights, w_partial,
+            w_format, w_did, control, shaping, dapo's overlong shaping. The overlong penalty must be reachable
+            within the budget: its start (``overlong_max − overlong_cache``) < ``overlong_max`` ≤
+            `max_new_tokens`, or, for a hard cut (``overlong_cache`` 0), ``overlong_max`` < `max_new_tokens`.
+        lora: train LoRA adapters (True) or every weight (False; the start policy is then a frozen copy).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator (update = lora_alpha / lora_r · B A).
         lora_dropout: LoRA dropout; keep 0 for RL (dropout makes the first PPO ratio differ from 1).
         lora_target_modules: "auto" (every linear layer but the LM head) or a comma-separated list.
         lora_layers: adapters on the last N decoder layers only (0 = all; `models.lora.apply_lora`).
-        seed: seeds the adapters' initialisation, the prompt order, the minibatch order and every step's sampling.
+        seed: seeds the adapters' initialisation, the screen, the prompt order, the minibatch order and every
+            step's sampling.
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
         mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
@@ -155,24 +162,25 @@ class RLConfig:
     algo: str = "didpo"
     steps: int = 6
     prompts_per_step: int = 2
-    group_size: int = 4
-    max_new_tokens: int = 192
+    group_size: int = 8
+    max_new_tokens: int = 384
     temperature: float = 1.0
     top_p: float = 1.0
-    learning_rate: float = 2e-5
-    value_learning_rate: float = 1e-4
+    learning_rate: float = 2e-4
+    value_learning_rate: float = 1e-3
     ppo_epochs: int = 1
     minibatch_size: int = 4
     eps_low: float = 0.2
     eps_high: float = 0.28
+    critic: bool = False
     vf_coef: float = 0.1
-    vf_clip: float = 0.2
+    vf_clip: float = 0.0
     ent_coef: float = 0.0
     kl_coef: float = 0.0
     target_kl: float = 0.1
     max_grad_norm: float = 1.0
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0
     lam_critic: float | None = None
     adaptive_lambda_alpha: float = 0.0
     whiten_advantages: bool = True
@@ -181,6 +189,8 @@ class RLConfig:
     group_eps: float = 1e-4
     critic_warmup_steps: int = 0
     max_refill: int = 2
+    screen_samples: int = 4
+    screen_problems: int = 24
     reward: ProcessRewardConfig = ProcessRewardConfig()  # frozen, hence hashable: a safe shared default
     lora: bool = True
     lora_r: int = 16
@@ -220,7 +230,7 @@ class RLConfig:
             )
         if self.lora_r < 1:
             raise ValueError(f"didpo.lora_r must be >= 1, got {self.lora_r}")
-        if self.algo != "didpo" and self.group_size < 2:
+        if self.group_size < 2 and not (self.algo == "rft" or self.uses_critic):
             raise ValueError(f"didpo.group_size must be >= 2 for {self.algo} (a group's std needs two samples)")
         non_negative = (
             "learning_rate",
@@ -236,6 +246,8 @@ class RLConfig:
             "reward_clip",
             "critic_warmup_steps",
             "max_refill",
+            "screen_samples",
+            "screen_problems",
             "checkpoint_every",
             "lora_layers",
         )
@@ -246,8 +258,20 @@ class RLConfig:
             raise ValueError(f"didpo.eps_low must be in (0, 1), got {self.eps_low}")
         if not self.temperature > 0:
             raise ValueError(f"didpo.temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"didpo.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p != 1:
+            raise ValueError(
+                f"didpo.top_p must be 1 in RL, got {self.top_p}: the loss scores the untruncated distribution at "
+                f"the sampling temperature, so nucleus sampling would bias the gradient"
+            )
+        if self.screen_samples == 1:
+            raise ValueError("didpo.screen_samples must be 0 (no screen) or >= 2: 0 < passes < 1 is impossible")
+        if self.algo == "didpo" and self.reward.control == "start_policy" and self.screen_samples == 0:
+            raise ValueError(
+                "didpo.reward.control start_policy needs the screen's rollouts: set didpo.screen_samples >= 2 or "
+                "control to group or reference"
+            )
+        if self.algo == "didpo" and self.reward.control == "group" and self.group_size < 2:
+            raise ValueError("didpo.reward.control group needs didpo.group_size >= 2 (a leave-one-out mean)")
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"didpo.{name} must be in [0, 1], got {getattr(self, name)}")
@@ -267,8 +291,8 @@ class RLConfig:
 
     @property
     def uses_critic(self) -> bool:
-        """Only didpo has a value head."""
-        return self.algo == "didpo"
+        """didpo with ``critic: true`` has a value head; every other setting is critic-free."""
+        return self.algo == "didpo" and self.critic
 
 
 @dataclass
@@ -281,8 +305,9 @@ class RLResult:
         adapter_path: the LoRA adapter directory, None without LoRA.
         merged_path: full checkpoint + tokenizer, loadable with ``from_pretrained``.
         rollouts_path: the JSONL of every rollout with its rewards (one line per completion).
-        value_head: the trained value head (didpo), None for grpo/dapo.
+        value_head: the trained value head (didpo with a critic), None otherwise.
         trainable_params: policy parameters updated by the optimizer (the value head excluded).
+        pool: the screened `PromptPool` (None without a screen); pool_path: where it was written (JSON).
     """
 
     global_step: int
@@ -292,6 +317,8 @@ class RLResult:
     rollouts_path: Path
     value_head: Any = field(repr=False)
     trainable_params: int
+    pool: Any = field(default=None, repr=False)
+    pool_path: Path | None = None
 
 
 @dataclass
@@ -300,13 +327,15 @@ class Rollout:
 
     Attributes:
         problem: the problem row; draw: the step's sampling round (0, then dapo refills); sample: index in its group.
-        completion: the `models.sampling.Completion` (ids, text, old per-token log-probs).
+        completion: the `models.sampling.Completion` (ids, text, old per-token log-probs at the sampling T).
         n_passed / n_tests / reason: the verifier's verdict.
-        outcome: R_out, the outcome reward (V2: fraction of tests passed; V1: 0/1).
-        reward: the sequence-level scalar the algorithm uses: outcome for grpo; + overlong penalty for dapo;
-            + overlong + format terms for didpo (its last-token reward).
-        did: the DiD step rewards d_j (didpo; empty otherwise); step_ends: the token completing each step.
-        process: Σ_j r_j = Φ(final) − Φ(empty), the trajectory's process-score gain (didpo).
+        outcome: R, the outcome reward V1 + w_partial·V2 (0 for ``no_code``).
+        reward: the sequence-level scalar the algorithm uses: outcome for grpo and rft; + overlong penalty for
+            dapo; + w_format·format for didpo (its return in potential shaping).
+        phi: Φ of the code's prefixes with 0..N lines (didpo and the screen; empty otherwise).
+        step_ends: the token completing each of the N steps.
+        gap: G_0..G_N against the control; did: d_1..d_N; shaped: F_1..F_N (didpo; empty otherwise).
+        process: Φ(final) − Φ(empty), the trajectory's process-score gain (didpo).
     """
 
     problem: dict
@@ -318,9 +347,17 @@ class Rollout:
     reason: str
     outcome: float
     reward: float
-    did: list[float] = field(default_factory=list)
+    phi: list[float] = field(default_factory=list)
     step_ends: list[int] = field(default_factory=list)
+    gap: list[float] = field(default_factory=list)
+    did: list[float] = field(default_factory=list)
+    shaped: list[float] = field(default_factory=list)
     process: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Every test passed (V1 = 1)."""
+        return self.n_tests > 0 and self.n_passed == self.n_tests
 
 
 # ------------------------------------------------------------------------------------------------- seeds
@@ -359,8 +396,12 @@ def collect_rollouts(
     verifier,
     seed: int,
     draw: int = 0,
+    n: int | None = None,
+    with_phi: bool | None = None,
 ) -> list[list[Rollout]]:
-    """Sample ``cfg.group_size`` completions per problem, verify them and score them.
+    """Sample `n` (default ``cfg.group_size``) completions per problem, verify them and score their outcomes.
+
+    Process terms (gaps, DiD and shaped rewards) need the control: `assign_process_rewards` adds them.
 
     Args:
         problems: the step's problems (one group each).
@@ -368,22 +409,26 @@ def collect_rollouts(
             ``(program, test, entry_point)``, each verdict has ``n_passed``, ``n_tests`` and ``reason``.
         seed: the sampler's base seed (`sampling_seed`).
         draw: recorded in each rollout.
+        n: samples per problem.
+        with_phi: compute Φ of every prefix and the steps' end tokens (default: for didpo).
 
     Returns:
         one group (list of `Rollout`) per problem, in order.
     """
     from models.code_steps import code_line_ends
     from models.evaluation import assemble_program
-    from models.process_reward import did_rewards, outcome_reward, overlong_penalty, terminal_reward
+    from models.process_reward import outcome_reward, overlong_penalty, prefix_scores, terminal_reward
     from models.prompts import user_message
     from models.sampling import SamplingConfig, build_chat_prompt, sample
 
+    n = cfg.group_size if n is None else n
+    with_phi = cfg.algo == "didpo" if with_phi is None else with_phi
     sampling = SamplingConfig(
-        n=cfg.group_size,
+        n=n,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         max_new_tokens=cfg.max_new_tokens,
-        batch_size=len(problems) * cfg.group_size,
+        batch_size=len(problems) * n,
         seed=seed,
     )
     prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
@@ -396,34 +441,179 @@ def collect_rollouts(
     verdicts = iter(verifier.check_many(jobs))
     groups = []
     for problem, group in zip(problems, completions, strict=True):
-        reference = _reference_lines(problem) if cfg.algo == "didpo" else []
+        reference = _reference_lines(problem) if with_phi else []
         rollouts = []
         for j, c in enumerate(group):
             v = next(verdicts)
-            length = len(c.completion_ids)
-            outcome = outcome_reward(v.n_passed, v.n_tests, cfg.reward)
-            if cfg.algo == "grpo":
-                reward = outcome
-            elif cfg.algo == "dapo":
-                reward = outcome + overlong_penalty(length, cfg.reward)
+            outcome = outcome_reward(v.n_passed, v.n_tests, cfg.reward, v.reason)
+            if cfg.algo == "dapo":
+                reward = outcome + overlong_penalty(len(c.completion_ids), cfg.reward)
+            elif cfg.algo == "didpo":
+                reward = terminal_reward(v.n_passed, v.n_tests, c.text, cfg.reward, v.reason)
             else:
-                reward = terminal_reward(v.n_passed, v.n_tests, c.text, length, cfg.reward)
+                reward = outcome
             rollout = Rollout(problem, draw, j, c, v.n_passed, v.n_tests, v.reason, float(outcome), float(reward))
-            if cfg.algo == "didpo":
+            if with_phi:
                 lines, ends = code_line_ends(tokenizer, c.completion_ids)
-                if lines:
-                    scores = did_rewards(lines, reference, problem, cfg.reward)
-                    rollout.did = [float(x) for x in scores.d]
-                    rollout.step_ends = list(ends)
-                    rollout.process = float(scores.phi[-1] - scores.phi[0])
+                rollout.phi = [float(x) for x in prefix_scores(lines, problem, reference, cfg.reward)]
+                rollout.step_ends = list(ends)
+                rollout.process = rollout.phi[-1] - rollout.phi[0]
             rollouts.append(rollout)
         groups.append(rollouts)
     return groups
 
 
+def group_controls(group: Sequence[Rollout]) -> list:
+    """The ``group`` control of each rollout: the leave-one-out `mean_control` of the other rollouts' Φ curves
+    (DIDPO.md, "Objects"). Needs ≥ 2 rollouts with Φ."""
+    from models.process_reward import mean_control
+
+    return [mean_control([other.phi for k, other in enumerate(group) if k != i]) for i in range(len(group))]
+
+
+def reference_control(problem: dict, cfg: RLConfig):
+    """The ``reference`` control (version 1's, for the ablation): the reference solution's own Φ curve, L_x = M."""
+    from models.process_reward import mean_control, reference_curve
+
+    return mean_control([reference_curve(_reference_lines(problem), problem, cfg.reward)])
+
+
+def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: RLConfig, controls: dict | None) -> None:
+    """Set each didpo rollout's gaps G, DiD rewards d and shaped rewards F (`models.process_reward.did_rewards`)
+    against its control (``cfg.reward.control``), in place.
+
+    Args:
+        groups: `collect_rollouts` groups with Φ.
+        controls: task_id → `models.process_reward.Control` of the start policy (the screen's; ``start_policy``).
+
+    Raises:
+        KeyError: ``start_policy`` and a problem outside `controls` (the pool).
+    """
+    from models.process_reward import did_rewards
+
+    for group in groups:
+        if cfg.reward.control == "group":
+            per_rollout = group_controls(group)
+        elif cfg.reward.control == "reference":
+            per_rollout = [reference_control(group[0].problem, cfg)] * len(group)
+        else:
+            per_rollout = [controls[group[0].problem["task_id"]]] * len(group)
+        for rollout, control in zip(group, per_rollout, strict=True):
+            scores = did_rewards(rollout.phi, control, cfg.reward.shaping)
+            rollout.gap = [float(x) for x in scores.gap]
+            rollout.did = [float(x) for x in scores.d]
+            rollout.shaped = [float(x) for x in scores.shaped]
+
+
 def zero_std(group: Sequence[Rollout]) -> bool:
-    """True when every rollout of the group has the same sequence reward (no learning signal for grpo/dapo)."""
+    """True when every rollout of the group has the same sequence reward (no learning signal for a group baseline)."""
     return max(r.reward for r in group) - min(r.reward for r in group) == 0.0
+
+
+def same_accuracy(group: Sequence[Rollout]) -> bool:
+    """True when every rollout of the group passes, or none does: DAPO's dynamic-sampling filter (§3.2), on
+    accuracy, not on the shaped reward."""
+    return len({r.passed for r in group}) == 1
+
+
+# ---------------------------------------------------------------------------------------------- prompt pool
+
+
+@dataclass
+class PromptPool:
+    """The screened prompt pool (DIDPO.md v2, "Prompt pool"), a stage output and part of the resume checkpoint.
+
+    Attributes:
+        samples: K_s, answers per screened problem.
+        entries: one dict per screened problem, in screening order: ``task_id``, ``passes`` (of K_s),
+            ``pass_rate``, ``informative`` (0 < passes < K_s), ``lines`` (L_x: the answers' mean code lines),
+            ``curve`` (C_x on `models.process_reward.curve_grid`).
+    """
+
+    samples: int
+    entries: list[dict]
+
+    @property
+    def task_ids(self) -> list[str]:
+        """The pool: the informative problems, in screening order."""
+        return [e["task_id"] for e in self.entries if e["informative"]]
+
+    def controls(self) -> dict:
+        """task_id → `models.process_reward.Control` of the start policy, for the pool's problems."""
+        import numpy as np
+
+        from models.process_reward import Control
+
+        return {
+            e["task_id"]: Control(curve=np.asarray(e["curve"], dtype=np.float64), lines=float(e["lines"]))
+            for e in self.entries
+            if e["informative"]
+        }
+
+    def state_dict(self) -> dict:
+        return {"samples": self.samples, "entries": self.entries}
+
+    @classmethod
+    def from_state(cls, state: dict) -> PromptPool:
+        return cls(samples=int(state["samples"]), entries=list(state["entries"]))
+
+    def summary(self) -> dict:
+        """``{"screened", "pool_size", "screen_pass_rate", "pool_pass_rate"}`` (pass rates: mean over problems)."""
+        pool = [e for e in self.entries if e["informative"]]
+        return {
+            "screened": len(self.entries),
+            "pool_size": len(pool),
+            "screen_pass_rate": _mean([e["pass_rate"] for e in self.entries]),
+            "pool_pass_rate": _mean([e["pass_rate"] for e in pool]),
+        }
+
+
+def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, verifier) -> PromptPool:
+    """The start policy answers the first ``cfg.screen_problems`` problems of a seeded order (all when 0)
+    ``cfg.screen_samples`` times each at the rollout temperature; problems with 0 < passes < K_s are the pool
+    (DAPO's dynamic sampling, done once), and each one's answers give its ``start_policy`` control: the mean Φ
+    curve on relative progress and the mean number of lines L_x (`models.process_reward.mean_control`).
+
+    The caller passes train problems only (the pool never selects on val or test) and the start policy (with
+    LoRA: adapters disabled or still zero). Problems are sampled ``prompts_per_step × group_size / K_s`` at a time
+    (a rollout batch's rows), with the seed `_generator_seed` (seed, 3).
+
+    Raises:
+        ValueError: no screened problem is informative (the message says what to change).
+    """
+    import numpy as np
+
+    from models.process_reward import mean_control
+
+    order = np.random.default_rng(_generator_seed(cfg.seed, 3)).permutation(len(problems))
+    count = cfg.screen_problems or len(problems)
+    chosen = [problems[int(i)] for i in order[:count]]
+    per_call = max(1, cfg.prompts_per_step * cfg.group_size // cfg.screen_samples)
+    entries = []
+    for start in range(0, len(chosen), per_call):
+        part = chosen[start : start + per_call]
+        seed = sampling_seed(_generator_seed(cfg.seed, 3), start, 0)
+        groups = collect_rollouts(model, tokenizer, part, cfg, verifier, seed, n=cfg.screen_samples, with_phi=True)
+        for problem, group in zip(part, groups, strict=True):
+            passes = sum(r.passed for r in group)
+            control = mean_control([r.phi for r in group])
+            entries.append(
+                {
+                    "task_id": problem["task_id"],
+                    "passes": passes,
+                    "pass_rate": passes / cfg.screen_samples,
+                    "informative": 0 < passes < cfg.screen_samples,
+                    "lines": control.lines,
+                    "curve": [float(x) for x in control.curve],
+                }
+            )
+    pool = PromptPool(samples=cfg.screen_samples, entries=entries)
+    if not pool.task_ids:
+        raise ValueError(
+            f"no informative problem: each of the {len(entries)} screened train problems passed 0 or all "
+            f"{cfg.screen_samples} times; raise didpo.screen_problems (or set 0 to screen every train problem)"
+        )
+    return pool
 
 
 # -------------------------------------------------------------------------------------------- batch tensors
@@ -458,11 +648,17 @@ def build_batch(rollouts: Sequence[Rollout], pad_token_id: int) -> dict[str, tor
     }
 
 
-def policy_forward(model, batch: dict, value_head=None, autocast=None, backbone_grad: bool = True):
-    """One forward pass over prompt + completion: per-token log-probs, logits and (with a head) values.
+def policy_forward(
+    model, batch: dict, value_head=None, autocast=None, backbone_grad: bool = True, temperature: float = 1.0
+):
+    """One forward pass over prompt + completion: per-token log-probs and logits at temperature T, and (with a head)
+    values.
 
-    Position ids count real tokens only (left padding does not shift them), as in the sampler. The value of
-    completion token t is the head applied to the hidden state that predicts it (the state before a_t).
+    Position ids count real tokens only (left padding does not shift them), as in the sampler. The logits are
+    divided by `temperature` (the sampling T, as TRL's GRPO), so the log-probs are those the sampler recorded and
+    the first PPO ratio is 1 at any T. The value of completion token t is the head applied to the hidden state that
+    predicts it (the state before a_t), detached: the value loss trains the head's own parameters and never moves
+    the policy (DIDPO.md, "Advantage").
 
     Args:
         model: the causal LM (a peft wrapper or a plain model).
@@ -470,9 +666,10 @@ def policy_forward(model, batch: dict, value_head=None, autocast=None, backbone_
         value_head: a `models.value_head.ValueHead`, or None (no values).
         autocast: a context-manager factory (bf16 autocast) or None.
         backbone_grad: False runs the LM without gradients (critic warm-up: only the head learns).
+        temperature: T > 0.
 
     Returns:
-        ``(per_token_logps (B, T) float32, logits (B, T, V) float32, values (B, T) float32 or None)``.
+        ``(per_token_logps (B, T) float32, logits / T (B, T, V) float32, values (B, T) float32 or None)``.
     """
     import torch
 
@@ -490,44 +687,46 @@ def policy_forward(model, batch: dict, value_head=None, autocast=None, backbone_
             logits_to_keep=width + 1,
             output_hidden_states=value_head is not None,
         )
-    logits = out.logits[:, :-1].float()  # (B, T, V): position t predicts completion token t
+    logits = out.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
     picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
     per_token_logps = picked - torch.logsumexp(logits, dim=-1)  # (B, T)
     values = None
     if value_head is not None:
-        hidden = out.hidden_states[-1][:, -(width + 1) : -1]  # (B, T, H), post final norm
+        hidden = out.hidden_states[-1][:, -(width + 1) : -1].detach()  # (B, T, H), post final norm
         values = value_head(hidden)  # (B, T) float32
     return per_token_logps, logits, values
 
 
-def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: Callable | None):
-    """Old values (with a head) and reference log-probs (with a `reference` context factory), without gradients,
-    `chunk` rows at a time. Returns ``(old_values or None, ref_per_token_logps or None)``."""
+def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: Callable, temperature: float):
+    """Without gradients, `chunk` rows at a time: the current policy's log-probs (and values with a head) and the
+    start policy's log-probs (`reference`, a context factory). Returns ``(old_values or None, per_token_logps,
+    ref_per_token_logps)``, each (B, T)."""
     import torch
 
-    values, ref = [], []
+    values, logps, ref = [], [], []
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for start in range(0, batch["input_ids"].shape[0], chunk):
                 part = {k: v[start : start + chunk] for k, v in batch.items()}
-                if value_head is not None:
-                    values.append(policy_forward(model, part, value_head, autocast)[2])
-                if reference is not None:
-                    with reference() as ref_model:
-                        ref.append(policy_forward(ref_model, part, None, autocast)[0])
+                lp, _, v = policy_forward(model, part, value_head, autocast, temperature=temperature)
+                logps.append(lp)
+                if v is not None:
+                    values.append(v)
+                with reference() as ref_model:
+                    ref.append(policy_forward(ref_model, part, None, autocast, temperature=temperature)[0])
     finally:
         model.train(was_training)
-    return (torch.cat(values) if values else None), (torch.cat(ref) if ref else None)
+    return (torch.cat(values) if values else None), torch.cat(logps), torch.cat(ref)
 
 
 # ------------------------------------------------------------------------------------------------ advantages
 
 
-def token_reward_matrix(rollouts: Sequence[Rollout], width: int) -> torch.Tensor:
-    """didpo's per-token rewards (B, width) float32: d_j on each step's end token, the sequence reward
-    (outcome + format + overlong) on the last token, 0 elsewhere and on padding (`process_reward.token_rewards`)."""
+def token_reward_matrix(rollouts: Sequence[Rollout], width: int, w_did: float = 1.0) -> torch.Tensor:
+    """The critic's per-token rewards (B, width) float32: w_did·F_j on each step's end token, the sequence reward on
+    the last token, 0 elsewhere and on padding (`process_reward.token_rewards`)."""
     import torch
 
     from models.process_reward import token_rewards
@@ -535,17 +734,45 @@ def token_reward_matrix(rollouts: Sequence[Rollout], width: int) -> torch.Tensor
     out = torch.zeros((len(rollouts), width), dtype=torch.float32)
     for i, r in enumerate(rollouts):
         length = len(r.completion.completion_ids)
-        out[i, :length] = token_rewards(r.did, r.step_ends, r.reward, length)
+        shaped = [w_did * f for f in r.shaped]
+        out[i, :length] = token_rewards(shaped, r.step_ends, r.reward, length)
     return out
 
 
-def didpo_advantages(
+def didpo_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
+    """didpo's critic-free advantages (B, T) (DIDPO.md v2, "Advantage"): potential shaping =
+    `models.advantages.didpo_group_advantages` of the returns R_i with the per-token gaps G_{i,j(t)−1}; bonus
+    shaping (version 1's reading) = GRPO's group advantage of R_i + w_did·Σ_j d_j on every token.
+
+    `rollouts` holds whole groups of ``cfg.group_size`` in order, with their process rewards assigned."""
+    import numpy as np
+    import torch
+
+    from models.advantages import didpo_group_advantages, group_advantages
+    from models.process_reward import token_gaps
+
+    w_did = cfg.reward.w_did
+    if cfg.reward.shaping == "bonus":
+        rewards = torch.tensor([r.reward + w_did * sum(r.did) for r in rollouts], dtype=torch.float32)
+        per_sequence = group_advantages(rewards, cfg.group_size, cfg.group_eps, True)  # (B,)
+        return per_sequence.unsqueeze(-1) * completion_mask
+    width = completion_mask.shape[1]
+    gaps = np.zeros((len(rollouts), width))
+    for i, r in enumerate(rollouts):
+        length = len(r.completion.completion_ids)
+        gaps[i, :length] = token_gaps(r.gap, r.step_ends, length) if r.gap else 0.0
+    returns = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    gaps = torch.from_numpy(gaps).to(torch.float32)
+    return didpo_group_advantages(returns, gaps, completion_mask, cfg.group_size, w_did, cfg.group_eps)
+
+
+def gae_advantages(
     rewards: torch.Tensor,
     old_values: torch.Tensor,
     completion_mask: torch.Tensor,
     cfg: RLConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE advantages and value targets of didpo (DIDPO.md, "Advantage and baseline").
+    """GAE advantages and value targets of didpo with a critic (DIDPO.md v2, "Advantage": γ = λ = 1 by default).
 
     Args:
         rewards: (B, T) per-token rewards (already KL-penalised, normalised and clipped as configured).
@@ -632,6 +859,8 @@ def ppo_losses(
     from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
 
     mask = minibatch["completion_mask"]
+    if cfg.algo == "rft":
+        return _rft_loss(per_token_logps, logits, mask, scale)
     loss_type = "grpo" if cfg.algo == "grpo" else "dapo"
     token_w, sequence_w = scale if scale is not None else (1.0, 1.0)
     agg_w = sequence_w if loss_type == "grpo" else token_w  # the policy loss's (and grpo/dapo KL's) aggregation
@@ -678,6 +907,17 @@ def ppo_losses(
         stats["vf_loss"] = vf_loss.item()
         stats["vf_clip_frac"] = vf_stats["vf_clip_frac"]
     return loss, stats
+
+
+def _rft_loss(per_token_logps, logits, mask, scale):
+    """rft's loss: the token-level negative log-likelihood of the kept (passing) completions, as SFT (RAFT, Dong et
+    al. 2023; ReST-style rejection-sampling fine-tuning), scaled like the token means of `ppo_losses`."""
+    from models.rl_losses import entropy_from_logits, masked_mean
+
+    token_w = scale[0] if scale is not None else 1.0
+    loss = -token_w * masked_mean(per_token_logps, mask)
+    entropy = token_w * entropy_from_logits(logits, mask)
+    return loss, {"pg_loss": loss.item(), "entropy": entropy.item()}
 
 
 def ppo_update(
@@ -734,7 +974,9 @@ def ppo_update(
                 optimizer.zero_grad(set_to_none=True)
                 if world == 1:
                     minibatch = {k: v[index] for k, v in batch.items()}
-                    logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
+                    logps, logits, values = policy_forward(
+                        model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
+                    )
                     loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
                     loss.backward()
                 else:
@@ -745,7 +987,7 @@ def ppo_update(
                 updates += 1
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
-                if policy and cfg.target_kl and stats["approx_kl"] > cfg.target_kl:
+                if policy and cfg.target_kl and stats.get("approx_kl", 0.0) > cfg.target_kl:
                     stop = True
                     break
             if stop:
@@ -766,11 +1008,15 @@ def _data_parallel_backward(model, value_head, batch, index, cfg: RLConfig, auto
         minibatch = {k: v[mine] for k, v in batch.items()}
         share_tokens = float(minibatch["completion_mask"].sum() / batch["completion_mask"][index].sum().clamp(min=1.0))
         scale = (share_tokens, len(mine) / len(index))
-        logps, logits, values = policy_forward(model, minibatch, value_head, autocast, backbone_grad=policy)
+        logps, logits, values = policy_forward(
+            model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
+        )
         loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, scale)
         loss.backward()
     keys = ["pg_loss", "entropy", "approx_kl", "clip_frac/low", "clip_frac/high", "ratio_mean"] if policy else []
-    if policy and cfg.kl_coef and not cfg.uses_critic:
+    if cfg.algo == "rft":
+        keys = ["pg_loss", "entropy"]
+    elif policy and cfg.kl_coef and not cfg.uses_critic:
         keys.append("kl_ref")
     if value_head is not None:
         keys += ["vf_loss", "vf_clip_frac"]
@@ -813,7 +1059,9 @@ class _RolloutLog:
         """This run saved its first checkpoint: the superseded run's rollouts go with its checkpoints."""
         self.previous.unlink(missing_ok=True)
 
-    def append(self, step: int, groups: Sequence[Sequence[Rollout]], kept: Sequence[bool]) -> None:
+    def append(
+        self, step: int, groups: Sequence[Sequence[Rollout]], kept: Sequence[bool], passing_only: bool = False
+    ) -> None:
         with self.path.open("a", encoding="utf-8") as f:
             for group, keep in zip(groups, kept, strict=True):
                 for r in group:
@@ -831,8 +1079,10 @@ class _RolloutLog:
                         "outcome": r.outcome,
                         "reward": r.reward,
                         "process": r.process,
+                        "gap": r.gap,
                         "d": r.did,
-                        "trained": keep,
+                        "shaped": r.shaped,
+                        "trained": keep and (r.passed or not passing_only),
                     }
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
@@ -934,14 +1184,16 @@ def train_rl(
         model: a causal LM (``PreTrainedModel``), e.g. the DPO checkpoint from `models.policy.load_policy`; moved
             to ``cfg.device`` and modified in place (with LoRA: wrapped, trained, then merged).
         tokenizer: its tokenizer (chat template, pad or eos token).
-        problems: problem rows (data/README.md schema: task_id, prompt, entry_point, test, instruction, ...).
+        problems: train-split problem rows (data/README.md schema: task_id, prompt, entry_point, test, ...); with a
+            screen (``cfg.screen_samples`` > 0) the pool is chosen among them.
         cfg: the configuration.
         verifier: ``check_many(jobs) -> verdicts`` (`models.verifier.Verifier`).
-        out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``adapter/`` (LoRA) and ``merged/``.
+        out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``pool.json`` (the screen),
+            ``adapter/`` (LoRA) and ``merged/``.
         emit: metrics callback ``emit(metrics, step)``, keys under ``didpo/`` for every algorithm; an exception
             raised there aborts training (the last checkpoint stays valid).
-        resume: continue from the latest checkpoint in ``out_dir/checkpoints``; False starts over: existing
-            checkpoints are deleted once this run has saved its first one (a run that fails before that leaves them).
+        resume: continue from the latest checkpoint in ``out_dir/checkpoints`` (its pool included: no new
+            screen); False starts over: existing checkpoints are deleted once this run has saved its first one.
         rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
 
     Returns:
@@ -949,7 +1201,8 @@ def train_rl(
 
     Raises:
         ValueError: no problems, a tokenizer without pad/eos token, a budget the model's context or the memory
-            cannot hold (`check_rollout_fits`, naming the settings; checked before anything is trained or written).
+            cannot hold (`check_rollout_fits`, naming the settings; checked before anything is trained or written),
+            a screen without an informative problem (`screen_prompt_pool`).
         models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, other
             problems or other initial weights.
     """
@@ -973,6 +1226,7 @@ def train_rl(
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
+    from models.rl_losses import kl_k3, masked_mean
     from models.sampling import pad_token_id
     from models.sft import DataOrder, _autocast_factory, _export
     from models.value_head import ValueHead
@@ -983,6 +1237,7 @@ def train_rl(
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
     rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"
+    pool_path = out_dir / "pool.json"
     dp = data_parallel(resolve_device(cfg.device))
     device = dp.device
     check_rollout_fits(model, tokenizer, problems, cfg, device)
@@ -992,9 +1247,9 @@ def train_rl(
 
     initial_weights = weights_digest(model)  # before LoRA: the starting policy itself
     set_seed(cfg.seed)
-    reference_copy = None
-    if cfg.kl_coef and not cfg.lora:
-        reference_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    start_copy = None  # full fine-tuning: the start policy is a frozen copy (LoRA: the adapters disabled)
+    if not cfg.lora:
+        start_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
     if cfg.lora:
         model = apply_lora(
             model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers
@@ -1012,23 +1267,44 @@ def train_rl(
     params = [p for g in groups for p in g["params"]]
     dp.broadcast_parameters(params)
     optimizer = torch.optim.AdamW(groups)
-    order = DataOrder(len(problems), _generator_seed(cfg.seed, 1))
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
     normaliser = RunningMeanStd() if cfg.normalize_rewards else None
     fingerprint = _fingerprint(cfg, problems, initial_weights)
-    generators = {"data": order.generator, "minibatch": minibatch_generator}
     step, history = 0, []
+
+    def start_policy():
+        """The start policy: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
+        if start_copy is not None:
+            return contextlib.nullcontext(start_copy)
+        return _adapters_disabled(model)
 
     latest = latest_checkpoint(ckpt_root) if resume else None
     superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
-    if latest is not None:
-        ckpt = load_checkpoint(latest)
-        if ckpt.state["fingerprint"] != fingerprint:
-            raise CheckpointMismatchError(
-                f"{latest} was written by a run with another didpo config, other problems or another starting "
-                f"policy; delete "
-                f"{ckpt_root} (or pass resume=False) to start over"
-            )
+    ckpt = load_checkpoint(latest) if latest is not None else None
+    if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
+        raise CheckpointMismatchError(
+            f"{latest} was written by a run with another didpo config, other problems or another starting "
+            f"policy; delete {ckpt_root} (or pass resume=False) to start over"
+        )
+    # ---- the prompt pool: screened once by the start policy, then carried by every checkpoint
+    pool = None
+    if ckpt is not None and ckpt.state.get("pool") is not None:
+        pool = PromptPool.from_state(ckpt.state["pool"])
+    elif cfg.screen_samples:
+        with start_policy() as screener:
+            pool = screen_prompt_pool(screener, tokenizer, problems, cfg, verifier)
+    if pool is not None:
+        by_id = {p["task_id"]: p for p in problems}
+        train_problems = [by_id[t] for t in pool.task_ids]
+        controls = pool.controls()
+        if dp.is_main:
+            _write_json(pool_path, {**pool.summary(), **pool.state_dict()})
+    else:
+        train_problems, controls = list(problems), None
+    order = DataOrder(len(train_problems), _generator_seed(cfg.seed, 1))
+    generators = {"data": order.generator, "minibatch": minibatch_generator}
+
+    if ckpt is not None:
         load_trainable_state_dict(model, ckpt.tensors["trainable"])
         if value_head is not None:
             value_head.load_state_dict(ckpt.tensors["value_head"])
@@ -1039,12 +1315,6 @@ def train_rl(
         restore_rng_state(ckpt.objects["rng"], generators)
         step, history = ckpt.step, ckpt.state["history"]
     rollout_log = _RolloutLog(rollouts_path, step, set_aside=bool(superseded)) if dp.is_main else None
-
-    def reference():
-        """The KL reference: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
-        if reference_copy is not None:
-            return contextlib.nullcontext(reference_copy)
-        return _adapters_disabled(model)
 
     def write_checkpoint() -> None:
         if not dp.is_main:
@@ -1059,6 +1329,7 @@ def train_rl(
             objects={"optimizer": optimizer.state_dict(), "rng": capture_rng_state(generators)},
             state={
                 "fingerprint": fingerprint,
+                "pool": pool.state_dict() if pool is not None else None,
                 "data_order": order.state_dict(),
                 "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
                 "history": history,
@@ -1076,39 +1347,49 @@ def train_rl(
     bar = tqdm(total=cfg.steps, initial=step, desc=f"rl ({cfg.algo})", mininterval=5.0, disable=not dp.is_main)
     while step < cfg.steps:
         started = time.perf_counter()
-        # ---- rollouts (dapo refills groups whose rewards are all equal)
+        # ---- rollouts (dapo refills groups whose accuracy is all 0 or all 1)
         sampled, kept_flags, sample_time, draw = [], [], 0.0, 0
         want = cfg.prompts_per_step
         while True:
-            chosen = [problems[i] for i in order.take(want)]
+            chosen = [train_problems[i] for i in order.take(want)]
             t0 = time.perf_counter()
             new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, sampling_seed(cfg.seed, step, draw), draw)
+            if cfg.algo == "didpo":
+                assign_process_rewards(new, cfg, controls)
             sample_time += time.perf_counter() - t0
             for group in new:
                 sampled.append(group)
-                kept_flags.append(not (cfg.algo == "dapo" and zero_std(group)))
+                if cfg.algo == "dapo":
+                    kept_flags.append(not same_accuracy(group))
+                elif cfg.algo == "rft":
+                    kept_flags.append(any(r.passed for r in group))
+                else:
+                    kept_flags.append(True)
             missing = cfg.prompts_per_step - sum(kept_flags)
             if cfg.algo != "dapo" or missing == 0 or draw == cfg.max_refill:
                 break
             draw, want = draw + 1, missing
         kept = [g for g, keep in zip(sampled, kept_flags, strict=True) if keep]
         everything = [r for g in sampled for r in g]
-        rollouts = [r for g in kept for r in g]
+        rollouts = [r for g in kept for r in g if cfg.algo != "rft" or r.passed]
 
         metrics = {
             "didpo/reward/outcome": _mean([r.outcome for r in everything]),
             "didpo/reward/sequence": _mean([r.reward for r in everything]),
-            "didpo/pass_rate": _mean([float(r.n_tests > 0 and r.n_passed == r.n_tests) for r in everything]),
+            "didpo/pass_rate": _mean([float(r.passed) for r in everything]),
+            "didpo/no_code_rate": _mean([float(r.reason == "no_code") for r in everything]),
             "didpo/frac_zero_std_groups": _mean([float(zero_std(g)) for g in sampled]),
             "didpo/groups_sampled": float(len(sampled)),
             "didpo/groups_trained": float(len(kept)),
             "didpo/response_length": _mean([float(len(r.completion.completion_ids)) for r in everything]),
+            "didpo/truncated_rate": _mean([float(r.completion.finish_reason == "length") for r in everything]),
             "didpo/rollouts_per_s": len(everything) / sample_time,
             "didpo/tokens_per_s": sum(len(r.completion.completion_ids) for r in everything) / sample_time,
         }
         if cfg.algo == "didpo":
             metrics["didpo/reward/process"] = _mean([r.process for r in everything])
             metrics["didpo/reward/did"] = _mean([sum(r.did) for r in everything])
+            metrics["didpo/reward/gap_final"] = _mean([r.gap[-1] for r in everything if r.gap])
 
         # ---- advantages and update
         update_started = time.perf_counter()
@@ -1116,31 +1397,30 @@ def train_rl(
             batch = build_batch(rollouts, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             mask = batch["completion_mask"]
-            old_values, ref_logps = _no_grad_passes(
-                model,
-                batch,
-                value_head,
-                autocast,
-                cfg.minibatch_size * dp.world_size,
-                reference if cfg.kl_coef else None,
+            old_values, logps, ref_logps = _no_grad_passes(
+                model, batch, value_head, autocast, cfg.minibatch_size * dp.world_size, start_policy, cfg.temperature
             )
-            if cfg.algo == "didpo":
-                rewards = token_reward_matrix(rollouts, mask.shape[1]).to(device)
-                if ref_logps is not None:
-                    from models.rl_losses import kl_k3
-
-                    kl = kl_k3(batch["old_per_token_logps"], ref_logps) * mask
-                    rewards = rewards - cfg.kl_coef * kl
-                    metrics["didpo/kl_ref"] = float(kl.sum() / mask.sum())
+            # drift and health, on the step's own samples before its update (DIDPO.md, "Loss": always logged)
+            metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps, ref_logps), mask))
+            metrics["didpo/logprob_diff"] = float(masked_mean((logps - batch["old_per_token_logps"]).abs(), mask))
+            if cfg.uses_critic:
+                rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
+                if cfg.kl_coef:
+                    rewards = rewards - cfg.kl_coef * kl_k3(batch["old_per_token_logps"], ref_logps) * mask
                 rewards = _normalise_and_clip(rewards, mask, normaliser, cfg)
-                advantages, returns = didpo_advantages(rewards, old_values, mask, cfg)
+                advantages, returns = gae_advantages(rewards, old_values, mask, cfg)
                 batch.update(advantages=advantages, returns=returns, old_values=old_values)
                 explained = explained_variance(old_values, returns, mask)
                 if explained is not None:
                     metrics["didpo/explained_variance"] = explained
             else:
-                batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
-                if ref_logps is not None:
+                if cfg.algo == "didpo":
+                    batch["advantages"] = didpo_token_advantages(rollouts, mask.cpu(), cfg).to(device)
+                elif cfg.algo == "rft":
+                    batch["advantages"] = mask.clone()  # unused by the loss: every kept token weighs 1
+                else:
+                    batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
+                if cfg.kl_coef:
                     batch["ref_per_token_logps"] = ref_logps
             warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
             stats = ppo_update(
@@ -1153,7 +1433,7 @@ def train_rl(
         metrics["didpo/step_time_s"] = time.perf_counter() - started
         history.append({"step": step, **metrics})
         if dp.is_main:
-            rollout_log.append(step, sampled, kept_flags)
+            rollout_log.append(step, sampled, kept_flags, passing_only=cfg.algo == "rft")
             emit(metrics, step)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             write_checkpoint()
@@ -1175,7 +1455,17 @@ def train_rl(
         rollouts_path=rollouts_path,
         value_head=value_head,
         trainable_params=trainable,
+        pool=pool,
+        pool_path=pool_path if pool is not None else None,
     )
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    """Write `payload` to `path` atomically (a temporary sibling, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 class _ShardedVerifier:
@@ -1212,3 +1502,30 @@ def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
     if cfg.reward_clip:
         rewards = clip_rewards(rewards, cfg.reward_clip)
     return rewards * mask
+
+
+def sft_answer_p90_tokens(tokenizer, problems: Sequence[dict]) -> int:
+    """The 90th percentile (nearest rank, rounded up) of the SFT answers' lengths in tokens: each problem's reference
+    answer in the answer format SFT teaches (`models.sft.render_answer`), tokenized without special tokens, + 1
+    for the eos that ends it."""
+    from models.sft import render_answer
+
+    lengths = sorted(len(tokenizer(render_answer(p), add_special_tokens=False)["input_ids"]) + 1 for p in problems)
+    return lengths[math.ceil(0.9 * len(lengths)) - 1]
+
+
+def check_budget_fits_answers(tokenizer, problems: Sequence[dict], cfg: RLConfig) -> None:
+    """Refuse, at stage start, a token budget below the p90 length of the answers SFT taught (`sft_answer_p90_tokens`):
+    RL would otherwise cut off most correct answers and train another task (issue 18: 70% cut at 192 tokens).
+
+    Raises:
+        ValueError: naming ``didpo.max_new_tokens``, the p90 and how many problems it was measured on.
+    """
+    if not problems:
+        return
+    p90 = sft_answer_p90_tokens(tokenizer, problems)
+    if cfg.max_new_tokens < p90:
+        raise ValueError(
+            f"didpo.max_new_tokens ({cfg.max_new_tokens}) is below the p90 length of the SFT answers ({p90} tokens "
+            f"over {len(problems)} train problems): set didpo.max_new_tokens >= {p90}"
+        )

@@ -3,12 +3,12 @@
 The sampler is a plain KV-cached decoding loop rather than ``model.generate`` so that three things hold
 exactly:
 
-- **Recorded log-probs are the policy's.** ``per_token_logps[t] = log_softmax(logits_t)[a_t]`` from the very
-  forward pass that produced token a_t, with *unscaled* logits (temperature 1, no top-p truncation): the
-  log-probability under π_θ that a fresh forward pass of the same model over prompt + completion gives (up
-  to floating-point noise), which is what PPO/GRPO ratios exp(logπ_θ − logπ_old) compare against. They are
-  not the log-probs of the tempered/truncated *sampling* distribution. (TRL's GRPO instead divides logits by
-  the sampling temperature in both places; at temperature 1 and top_p 1 the two conventions coincide.)
+- **Recorded log-probs are the sampling temperature's.** ``per_token_logps[t] = log_softmax(logits_t / T)[a_t]``
+  from the very forward pass that produced token a_t (T the sampling temperature; unscaled logits when greedy), with
+  no top-p truncation: what a fresh forward pass of the same model over prompt + completion gives at the same T (up
+  to floating-point noise), which is what PPO/GRPO ratios exp(logπ_θ − logπ_old) compare against. This is TRL's
+  convention (its GRPO divides the logits by the sampling temperature on both sides); at T = 1 it is π_θ itself.
+  RL refuses top_p < 1 (the truncated distribution is not the one scored).
 - **Per-sample seeding.** Every sample (prompt i, sample j) draws from its own ``torch.Generator`` seeded from
   ``(seed, i, j)``, so a sample does not depend on `batch_size` or on which other samples share its batch
   (beyond floating-point noise from padding). Callers that sample repeatedly (RL steps) must vary `seed`.
@@ -79,8 +79,8 @@ class Completion:
         code: ``extract_code(text)``.
         prompt_ids: the prompt's token ids (no padding), shared by the prompt's samples.
         completion_ids: generated token ids, including the final eos token when the sample ended on one.
-        per_token_logps: log π_θ(a_t | prefix) for each completion token (unscaled logits, see module doc),
-            same length as `completion_ids`, in nats.
+        per_token_logps: log softmax(logits / T)[a_t] for each completion token at the sampling temperature T
+            (unscaled when greedy; no top-p truncation; see the module doc), same length as `completion_ids`, nats.
         finish_reason: "eos" (the model emitted eos), "stop" (code block closed or stop string), "length".
     """
 
@@ -259,7 +259,8 @@ def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id):
     reasons = ["length"] * len(rows)
     for step in range(config.max_new_tokens):
         next_tokens = _choose_tokens(logits, config, generators)  # (B,)
-        next_logps = torch.log_softmax(logits, dim=-1).gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
+        scaled = logits / config.temperature if config.temperature > 0 else logits  # (B, V)
+        next_logps = torch.log_softmax(scaled, dim=-1).gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1)
         keep = []
         for pos, (row, tok, lp) in enumerate(zip(active, next_tokens.tolist(), next_logps.tolist(), strict=True)):
             tokens[row].append(tok)

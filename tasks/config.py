@@ -198,6 +198,13 @@ class Params:
     register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()
 
+    def __post_init__(self):
+        if self.didpo.max_new_tokens < self.evaluate.max_new_tokens:
+            raise ValueError(
+                f"didpo.max_new_tokens ({self.didpo.max_new_tokens}) must be >= evaluate.max_new_tokens "
+                f"({self.evaluate.max_new_tokens}): RL must not cut off answers the evaluation lets finish"
+            )
+
 
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(part) for part in error["loc"])
@@ -208,6 +215,8 @@ def _describe(error: dict[str, Any]) -> str:
         msg = f"unknown key; allowed keys: {allowed}"
     elif error["type"] == "value_error" and msg.removeprefix("Value error, ").startswith(f"{key}."):
         return msg.removeprefix("Value error, ")  # a section's own check names its field (``section.field ...``)
+    elif error["type"] == "value_error" and not key:
+        return msg.removeprefix("Value error, ")  # a check across sections names its fields
     elif "input" in error and not isinstance(error["input"], dict):
         msg = f"{msg} (got {error['input']!r})"
     return f"{key}: {msg}"

@@ -41,9 +41,13 @@ def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
 
 @task(cache_policy=NO_CACHE)
 def run_rl(
-    policy: Path, dtype: str, problems: list[dict], cfg: RLConfig, verifier, out: Path, rollouts: Path
+    policy: Path, dtype: str, problems: list[dict], cfg: RLConfig, verifier, out: Path, rollouts: Path, pool: Path
 ) -> tuple[dict, list[dict]]:
     """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
+
+    Refuses a token budget below the SFT answers' p90 length on these problems before anything runs
+    (`models.rl.check_budget_fits_answers`). The screened prompt pool (`models.rl.screen_prompt_pool`) is copied
+    to `pool` (a DVC out); its summary (screened, pool_size, pass rates) joins the metrics.
 
     A leftover resume checkpoint written with another config or other problems is discarded (a new run); a
     checkpoint of this very run is resumed. The loop appends its rollouts beside its checkpoints (``out``), which DVC
@@ -51,9 +55,10 @@ def run_rl(
     copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
     """
     from models.policy import load_policy
-    from models.rl import train_rl
+    from models.rl import check_budget_fits_answers, train_rl
 
     model, tokenizer = load_policy(policy, dtype=dtype)
+    check_budget_fits_answers(tokenizer, problems, cfg)
     try:
         result = train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, True)
     except CheckpointMismatchError:
@@ -62,4 +67,10 @@ def run_rl(
     copy_file(result.rollouts_path, rollouts)
     metrics = summarise_history(result.history, cfg.algo, result.global_step)
     metrics["trainable_params"] = result.trainable_params
+    if result.pool is not None:
+        copy_file(result.pool_path, pool)
+        metrics.update({f"pool/{k}": v for k, v in result.pool.summary().items()})
+    else:
+        Path(pool).parent.mkdir(parents=True, exist_ok=True)
+        Path(pool).write_text("{}\n")  # no screen (didpo.screen_samples 0): an empty pool file keeps the DVC out
     return metrics, result.history

@@ -28,7 +28,7 @@ from models.rl import (
     build_batch,
     check_rollout_fits,
     collect_rollouts,
-    didpo_advantages,
+    gae_advantages,
     policy_forward,
     ppo_losses,
     ppo_update,
@@ -246,14 +246,14 @@ def test_didpo_advantages_by_hand_with_decoupled_lambdas():
     values = torch.tensor([[0.2, 0.4, 0.6], [0.5, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     cfg = RLConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=1.0, whiten_advantages=False))
-    advantages, returns = didpo_advantages(rewards, values, mask, cfg)
+    advantages, returns = gae_advantages(rewards, values, mask, cfg)
     torch.testing.assert_close(advantages, torch.tensor([[0.2, 0.7, 0.4], [1.5, 0.0, 0.0]]))
     torch.testing.assert_close(returns, torch.tensor([[1.5, 1.5, 1.0], [2.0, 0.0, 0.0]]))
     # without lam_critic the returns use λ = 0 too: r_t + V_{t+1}
-    _, returns = didpo_advantages(rewards, values, mask, dataclasses.replace(cfg, lam_critic=None))
+    _, returns = gae_advantages(rewards, values, mask, dataclasses.replace(cfg, lam_critic=None))
     torch.testing.assert_close(returns, torch.tensor([[0.4, 1.1, 1.0], [2.0, 0.0, 0.0]]))
     # whitened: zero mean, unit (unbiased) std over the real tokens
-    advantages, _ = didpo_advantages(rewards, values, mask, dataclasses.replace(cfg, whiten_advantages=True))
+    advantages, _ = gae_advantages(rewards, values, mask, dataclasses.replace(cfg, whiten_advantages=True))
     real = advantages[mask.bool()]
     assert abs(real.mean().item()) < 1e-6 and real.std().item() == pytest.approx(1.0, abs=1e-4)
 
