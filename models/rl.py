@@ -1200,7 +1200,7 @@ def train_rl(
         an `RLResult`.
 
     Raises:
-        ValueError: no problems, a tokenizer without pad/eos token, a budget the model's context or the memory
+        ValueError: no problems, a problem of another split than train, a tokenizer without pad/eos token, a budget the model's context or the memory
             cannot hold (`check_rollout_fits`, naming the settings; checked before anything is trained or written),
             a screen without an informative problem (`screen_prompt_pool`).
         models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, other
@@ -1233,6 +1233,9 @@ def train_rl(
 
     if not problems:
         raise ValueError("no problems to train on")
+    held_out = sorted({p["split"] for p in problems if p.get("split", "train") != "train"})
+    if held_out:
+        raise ValueError(f"RL trains (and screens) on train problems only, got {held_out} problems too")
     pad_id = pad_token_id(tokenizer)
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"

@@ -19,11 +19,12 @@ import models.rl
 import models.sampling
 from models.checkpoint import CheckpointMismatchError, latest_checkpoint, list_checkpoints, load_checkpoint
 from models.policy import build_tiny_causal_lm
-from models.process_reward import ProcessRewardConfig, did_rewards
+from models.process_reward import ProcessRewardConfig, did_rewards, prefix_scores
 from models.prompts import reference_code, user_message
 from models.rl import (
     RLConfig,
     Rollout,
+    assign_process_rewards,
     available_memory,
     build_batch,
     check_rollout_fits,
@@ -32,6 +33,7 @@ from models.rl import (
     policy_forward,
     ppo_losses,
     ppo_update,
+    reference_control,
     rollout_kv_cache_bytes,
     sampling_seed,
     token_reward_matrix,
@@ -56,6 +58,8 @@ BASE = dict(
     device="cpu",
     checkpoint_every=0,
     target_kl=0.0,
+    temperature=0.7,  # T ≠ 1: log-probs are scored at the sampling temperature on both sides
+    screen_problems=0,  # screen every problem (6 × 4 answers: IndexVerifier makes each group informative)
 )
 
 
@@ -127,26 +131,30 @@ def timeless(history):
 # ------------------------------------------------------------------------------------ forward and update
 
 
-def sampled_batch(model, tok, n=3, seed=0):
+def sampled_batch(model, tok, n=3, seed=0, temperature=0.7):
     prompt = build_chat_prompt(tok, "Write a function that strips strings.")
-    completions = sample(model, tok, [prompt], SamplingConfig(n=n, max_new_tokens=10, seed=seed), progress=False)[0]
+    sampling = SamplingConfig(n=n, temperature=temperature, top_p=1.0, max_new_tokens=10, seed=seed)
+    completions = sample(model, tok, [prompt], sampling, progress=False)[0]
     rollouts = [Rollout(PROBLEMS[0], 0, j, c, 0, 2, "x", 0.0, 0.0) for j, c in enumerate(completions)]
     return build_batch(rollouts, tok.pad_token_id)
 
 
 def test_policy_forward_reproduces_the_samplers_log_probs_and_zero_values():
-    """The training forward (left-padded prompt | right-padded completion) gives the sampler's recorded old
-    log-probs token for token, so the first PPO ratio is 1; a fresh value head predicts 0."""
+    """Sampled at T = 0.7, the training forward (left-padded prompt | right-padded completion, logits / T) gives the
+    sampler's recorded old log-probs token for token, so the first PPO ratio is 1 at T ≠ 1 (DIDPO.md, "Loss");
+    scoring at T = 1 (version 1) would not. A fresh value head predicts 0."""
     model, tok = build_tiny_causal_lm(0)
-    batch = sampled_batch(model, tok)
+    batch = sampled_batch(model, tok, temperature=0.7)
     mask = batch["completion_mask"]
     assert mask.sum(-1).min() >= 1 and batch["input_ids"].shape[1] == batch["attention_mask"].shape[1]
     head = ValueHead(model.config.hidden_size)
     with torch.no_grad():
-        logps, logits, values = policy_forward(model, batch, head)
+        logps, logits, values = policy_forward(model, batch, head, temperature=0.7)
+        untempered = policy_forward(model, batch)[0]
     assert logps.shape == mask.shape and logits.shape == (*mask.shape, model.config.vocab_size)
-    diff = ((logps - batch["old_per_token_logps"]) * mask).abs().max().item()
-    assert diff < 1e-4
+    ratio = torch.exp(logps - batch["old_per_token_logps"])[mask.bool()]
+    assert (ratio - 1).abs().max().item() < 1e-4
+    assert ((untempered - batch["old_per_token_logps"]) * mask).abs().max().item() > 1e-2
     assert values.dtype == torch.float32 and torch.equal(values, torch.zeros_like(values))
     # the values are the head applied to the hidden state that predicts each completion token
     torch.nn.init.normal_(head.summary.weight)
@@ -202,7 +210,7 @@ def test_target_kl_stops_the_updates_of_the_step():
 
 
 def test_critic_warmup_trains_the_value_head_only(tmp_path):
-    cfg = RLConfig(**dict(BASE, steps=1, critic_warmup_steps=1, ppo_epochs=2))
+    cfg = RLConfig(**dict(BASE, steps=1, critic=True, critic_warmup_steps=1, ppo_epochs=2))
     model, tok = build_tiny_causal_lm(0)
     result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     start = build_tiny_causal_lm(0)[0].state_dict()
@@ -258,13 +266,30 @@ def test_didpo_advantages_by_hand_with_decoupled_lambdas():
     assert abs(real.mean().item()) < 1e-6 and real.std().item() == pytest.approx(1.0, abs=1e-4)
 
 
-def test_token_reward_matrix_places_did_rewards_on_step_ends_and_the_sequence_reward_last():
+def test_token_reward_matrix_places_shaped_rewards_on_step_ends_and_the_sequence_reward_last():
+    """The critic's rewards: w_did·F_j on step ends (a repeated end token sums its steps), R on the last token."""
     completion = SimpleNamespace(completion_ids=[5, 6, 7, 8, 9])
-    r = Rollout(PROBLEMS[0], 0, 0, completion, 1, 2, "assertion", 0.5, 0.75, did=[0.5, -0.2, 0.1], step_ends=[1, 3, 3])
+    r = Rollout(PROBLEMS[0], 0, 0, completion, 1, 2, "assertion", 0.5, 0.75, step_ends=[1, 3, 3], shaped=[0.5, -0.2, 0.1])
     short = Rollout(PROBLEMS[0], 0, 1, SimpleNamespace(completion_ids=[5, 6]), 0, 2, "assertion", 0.0, -1.0)
-    out = token_reward_matrix([r, short], width=6)
-    expected = torch.tensor([[0.0, 0.5, 0.0, -0.1, 0.75, 0.0], [0.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
+    out = token_reward_matrix([r, short], width=6, w_did=2.0)
+    expected = torch.tensor([[0.0, 1.0, 0.0, -0.2, 0.75, 0.0], [0.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(out, expected)
+
+
+def test_the_value_loss_never_reaches_the_policys_adapters():
+    """The head reads detached hidden states: a loss of the values alone leaves every LoRA gradient empty and
+    gives the head one (DIDPO.md, "Advantage": its loss must not move the policy's adapters)."""
+    from models.lora import apply_lora
+
+    model, tok = build_tiny_causal_lm(0)
+    batch = sampled_batch(model, tok, n=2)
+    model = apply_lora(model, 4, 8.0, 0.0)
+    head = ValueHead(model.config.hidden_size)
+    _, _, values = policy_forward(model, batch, head, temperature=0.7)
+    ((values - 1.0) ** 2 * batch["completion_mask"]).sum().backward()
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+    assert lora and all(p.grad is None for p in lora)
+    assert head.summary.bias.grad.abs().item() > 0
 
 
 # --------------------------------------------------------------------------------------- rollout scoring
@@ -279,14 +304,16 @@ EXIT = "```python\nimport sys\nsys.exit(0)\n```"
 
 
 def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeypatch):
-    """Scripted answers through the real verifier: the correct one earns outcome 1, a half-right one 1/2, one that
-    exits early 0; didpo's step rewards are the DiD rewards of the answer's code lines against the reference,
-    each on the token that completes its line; grpo's reward is the outcome alone."""
+    """Scripted answers through the real verifier, w_partial 0.4 and w_format 0.5: the correct answer earns
+    R = V1 + 0.4·V2 = 1.4, the half-right one 0.4·½ = 0.2, the one that exits early 0, the one with no code 0 with
+    reason ``no_code`` and no format credit either; didpo's Φ is `prefix_scores` of the answer's code lines, each
+    step ending on the token that completes its line, and its gaps and shaped rewards are `did_rewards` against
+    the control; grpo's reward is the outcome alone."""
     model, tok = build_tiny_causal_lm(0)
     texts = [GOOD, HALF, EXIT, "no code at all"]
 
     def scripted(model, tokenizer, prompts, config, progress=True):
-        assert config.n == 4 and config.seed == 1234
+        assert config.n == 4 and config.seed == 1234 and config.temperature == 0.7
         return [
             [
                 Completion(t, models.sampling.extract_code(t), [1], tok(t)["input_ids"] + [2], [0.0] * 99, "eos")
@@ -296,25 +323,30 @@ def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeyp
         ]
 
     monkeypatch.setattr(models.sampling, "sample", scripted)
-    reward = ProcessRewardConfig(w_format=0.5)
+    reward = ProcessRewardConfig(w_format=0.5, w_partial=0.4, control="reference")
     cfg = RLConfig(**dict(BASE, algo="didpo", reward=reward))
     (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], cfg, verifier, seed=1234)
     assert [(r.n_passed, r.n_tests) for r in group] == [(2, 2), (1, 2), (0, 2), (0, 2)]
-    assert [r.outcome for r in group] == [1.0, 0.5, 0.0, 0.0]
-    assert [r.reward for r in group] == [1.5, 1.0, 0.5, 0.0]  # + w_format · one fenced python block
+    assert group[3].reason == "no_code"
+    assert [r.outcome for r in group] == pytest.approx([1.4, 0.2, 0.0, 0.0])
+    assert [r.reward for r in group] == pytest.approx([1.9, 0.7, 0.5, 0.0])  # + w_format · one fenced python block
     reference = [line for line in reference_code(PROBLEMS[0]).splitlines() if line.strip()]
     lines = ["def clean_0(items):", "    out = [s.strip() for s in items]", "    return out"]
-    expected = did_rewards(lines, reference, PROBLEMS[0], reward)
-    np.testing.assert_allclose(group[0].did, expected.d)
-    assert group[0].process == pytest.approx(expected.phi[-1] - expected.phi[0])
+    np.testing.assert_allclose(group[0].phi, prefix_scores(lines, PROBLEMS[0], reference, reward), atol=0)
+    assert group[0].process == pytest.approx(group[0].phi[-1] - group[0].phi[0])
     ids = group[0].completion.completion_ids
     for line, end in zip(lines, group[0].step_ends, strict=True):
         # the end token is the one whose text holds the line's newline (it may carry the next indent too)
         assert line + "\n" in tok.decode(ids[: end + 1]) and line + "\n" not in tok.decode(ids[:end])
-    assert group[3].did == [] and group[3].step_ends == []
+    assert group[3].phi == [pytest.approx(group[0].phi[0])] and group[3].step_ends == []
+    assign_process_rewards([group], cfg, None)
+    expected = did_rewards(group[0].phi, reference_control(PROBLEMS[0], cfg), "potential")
+    np.testing.assert_allclose(group[0].gap, expected.gap, atol=0)
+    np.testing.assert_allclose(group[0].shaped, expected.shaped, atol=0)
+    assert sum(group[0].shaped) == pytest.approx(0.0, abs=1e-12) and group[3].shaped == []
     grpo = RLConfig(**dict(BASE, algo="grpo", reward=reward))
     (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], grpo, verifier, seed=1234)
-    assert [r.reward for r in group] == [1.0, 0.5, 0.0, 0.0] and all(r.did == [] for r in group)
+    assert [r.reward for r in group] == pytest.approx([1.4, 0.2, 0.0, 0.0]) and all(r.phi == [] for r in group)
 
 
 # ------------------------------------------------------------------------------------------ exact resume
@@ -328,23 +360,18 @@ def rng_snapshot():
     return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
 
 
-def test_exact_resume_after_a_crash(tmp_path):
-    """3 steps in one go ≡ 2 steps, a crash, a resume in a fresh model, 1 step: same LoRA weights, value head,
-    optimizer-driven history, RNG stream, prompt order and rollouts file (KL reference, reward normaliser,
-    critic warm-up and uneven minibatches over 2 epochs all on)."""
-    cfg = RLConfig(
-        **dict(
-            BASE,
-            steps=3,
-            checkpoint_every=1,
-            kl_coef=0.1,
-            normalize_rewards=True,
-            reward_clip=5.0,
-            critic_warmup_steps=1,
-            ppo_epochs=2,
-            minibatch_size=3,
-        )
-    )
+CRITIC = dict(critic=True, normalize_rewards=True, reward_clip=5.0, critic_warmup_steps=1)
+
+
+@pytest.mark.parametrize("critic", [False, True], ids=["group-baseline", "critic"])
+def test_exact_resume_after_a_crash(tmp_path, critic):
+    """3 steps in one go ≡ 2 steps, a crash, a resume in a fresh model, 1 step: same LoRA weights (and value head),
+    optimizer-driven history, RNG stream, prompt order, screened pool and rollouts file (KL term, uneven minibatches
+    over 2 epochs; with the critic: reward normaliser and warm-up too). The resumed run takes its pool from the
+    checkpoint: it screens nothing."""
+    cfg = RLConfig(**dict(BASE, steps=3, checkpoint_every=1, kl_coef=0.1, ppo_epochs=2, minibatch_size=3))
+    if critic:
+        cfg = dataclasses.replace(cfg, **CRITIC)
     stub = IndexVerifier()
     model, tok = build_tiny_causal_lm(0)
     straight = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "straight")
@@ -361,20 +388,36 @@ def test_exact_resume_after_a_crash(tmp_path):
     assert {r["step"] for r in read_rollouts(tmp_path / "resumed/rollouts.jsonl")} == {1, 2, 3}  # step 3 was written
     torch.manual_seed(123)  # the crashed process's RNG state must not matter
     model, tok = build_tiny_causal_lm(0)
-    resumed = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+    screens = []
+    real_screen = models.rl.screen_prompt_pool
+    monkeypatch_screen = pytest.MonkeyPatch()
+    monkeypatch_screen.setattr(models.rl, "screen_prompt_pool", lambda *a: screens.append(1) or real_screen(*a))
+    try:
+        resumed = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+    finally:
+        monkeypatch_screen.undo()
+    assert screens == []
+    assert resumed.pool.entries == straight.pool.entries and len(straight.pool.task_ids) == len(PROBLEMS)
+    pool_file = json.loads((tmp_path / "straight/pool.json").read_text())
+    assert pool_file["entries"] == straight.pool.entries and pool_file["pool_size"] == len(PROBLEMS)
 
     assert resumed.global_step == straight.global_step == 3
     assert timeless(resumed.history) == timeless(straight.history)
     assert [h["step"] for h in resumed.history] == [1, 2, 3]
-    for key, value in straight.value_head.state_dict().items():
-        torch.testing.assert_close(resumed.value_head.state_dict()[key], value, atol=1e-6, rtol=0)
-    assert straight.value_head.summary.weight.abs().sum() > 0  # the critic did learn
+    if critic:
+        for key, value in straight.value_head.state_dict().items():
+            torch.testing.assert_close(resumed.value_head.state_dict()[key], value, atol=1e-6, rtol=0)
+        assert straight.value_head.summary.weight.abs().sum() > 0  # the critic did learn
+    else:
+        assert straight.value_head is None and resumed.value_head is None
     ckpts = [load_checkpoint(latest_checkpoint(tmp_path / d / "checkpoints")) for d in ("straight", "resumed")]
     for key, value in ckpts[0].tensors["trainable"].items():
         torch.testing.assert_close(ckpts[1].tensors["trainable"][key], value, atol=1e-6, rtol=0)
     assert ckpts[0].state["data_order"] == ckpts[1].state["data_order"]
     assert ckpts[0].state["reward_normaliser"] == ckpts[1].state["reward_normaliser"]
-    assert ckpts[0].state["reward_normaliser"]["count"] == 3 * 8  # one sequence return per rollout per step
+    assert ckpts[0].state["pool"] == ckpts[1].state["pool"] == straight.pool.state_dict()
+    if critic:
+        assert ckpts[0].state["reward_normaliser"]["count"] == 3 * 8  # one sequence return per rollout per step
     for name in ("data", "minibatch"):
         assert torch.equal(ckpts[0].objects["rng"]["generators"][name], ckpts[1].objects["rng"]["generators"][name])
     resumed_rng = rng_snapshot()
@@ -384,7 +427,7 @@ def test_exact_resume_after_a_crash(tmp_path):
     a, b = read_rollouts(tmp_path / "straight/rollouts.jsonl"), read_rollouts(tmp_path / "resumed/rollouts.jsonl")
     assert a == b and len(a) == 3 * 8
     # the critic warm-up step left the policy untouched; later steps moved it
-    assert "didpo/pg_loss" not in straight.history[0] and "didpo/pg_loss" in straight.history[1]
+    assert ("didpo/pg_loss" in straight.history[0]) is not critic and "didpo/pg_loss" in straight.history[1]
     # a checkpoint only resumes the run that wrote it
     with pytest.raises(CheckpointMismatchError, match="another didpo config"):
         train_rl(
@@ -502,30 +545,33 @@ def test_sampling_seed_changes_every_step_and_draw():
     assert len(seeds) == 150 and sampling_seed(0, 7, 1) == sampling_seed(0, 7, 1) != sampling_seed(1, 7, 1)
 
 
-def test_one_loop_three_algos(tmp_path, verifier):
-    """Same seed → the same first-step samples for didpo, grpo and dapo (one sampler, same initial weights); grpo
-    and dapo train no critic; with the real sandbox every answer of the random model fails, so every group's
-    rewards are equal: grpo's advantages are all 0, dapo drops every group and refills up to max_refill times
-    without updating, didpo still learns its critic and policy from the per-token rewards."""
+def test_one_loop_four_algos(tmp_path, verifier):
+    """Same seed → the same first-step samples for didpo, grpo, dapo and rft (one sampler, same initial weights,
+    no screen); none trains a critic by default; with the real sandbox every answer of the random model fails, so
+    every group's outcomes are equal: grpo's and didpo's advantages are all 0 (didpo's process term is a baseline,
+    it carries no signal of its own), dapo drops every group and refills up to max_refill times without
+    updating, rft has no passing answer to fine-tune on."""
     runs = {}
-    for algo in ("didpo", "grpo", "dapo"):
+    for algo in ("didpo", "grpo", "dapo", "rft"):
         model, tok = build_tiny_causal_lm(0)
-        cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, reward=ProcessRewardConfig(overlong_max=0)))
+        reward = ProcessRewardConfig(control="group")
+        cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, screen_samples=0, reward=reward))
         result = train_rl(model, tok, PROBLEMS, cfg, verifier, tmp_path / algo)
         runs[algo] = (result, read_rollouts(result.rollouts_path), model)
 
     first = {
         algo: [(r["task_id"], r["completion"]) for r in rows if r["draw"] == 0] for algo, (_, rows, _) in runs.items()
     }
-    assert first["didpo"] == first["grpo"] == first["dapo"] and len(first["grpo"]) == 8
+    assert first["didpo"] == first["grpo"] == first["dapo"] == first["rft"] and len(first["grpo"]) == 8
     assert len({text for _, text in first["grpo"]}) > 1  # the samples of a group differ
 
-    didpo, grpo, dapo = (runs[a][0] for a in ("didpo", "grpo", "dapo"))
-    assert grpo.value_head is None and dapo.value_head is None and didpo.value_head is not None
-    assert not any(k.startswith("didpo/vf_") for k in grpo.history[0])
-    assert "didpo/vf_loss" in didpo.history[0]
-    assert grpo.history[0]["didpo/frac_zero_std_groups"] == 1.0
-    assert grpo.history[0]["didpo/pg_loss"] == 0.0  # zero advantages everywhere
+    didpo, grpo, dapo, rft = (runs[a][0] for a in ("didpo", "grpo", "dapo", "rft"))
+    assert all(r.value_head is None and r.pool is None for r in (didpo, grpo, dapo, rft))
+    for result in (grpo, didpo):
+        assert result.history[0]["didpo/frac_zero_std_groups"] == 1.0
+        assert result.history[0]["didpo/pg_loss"] == 0.0  # zero advantages everywhere
+        assert result.history[0]["didpo/kl_start"] == 0.0  # measured before the step's update
+    assert not any(k.startswith("didpo/vf_") for k in didpo.history[0])
 
     h = dapo.history[0]
     assert h["didpo/frac_zero_std_groups"] == 1.0
@@ -535,6 +581,7 @@ def test_one_loop_three_algos(tmp_path, verifier):
     assert sorted({r["draw"] for r in rows}) == [0, 1, 2] and not any(r["trained"] for r in rows)
     # draws use fresh prompts from the order and fresh sampling seeds
     assert len({r["task_id"] for r in rows}) == len(PROBLEMS)
+    assert "didpo/pg_loss" not in rft.history[0] and rft.history[0]["didpo/groups_trained"] == 0
 
 
 def test_dapo_refills_exactly_the_dropped_groups(tmp_path):
@@ -605,3 +652,121 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="lam_critic"):
         RLConfig(lam_critic=1.5)
     assert RLConfig(algo="grpo").clip_high == 0.2 and RLConfig(algo="dapo").clip_high == 0.28
+
+
+# ------------------------------------------------------------------------------- DiDPO v2 (DIDPO.md "Must hold")
+
+
+def scripted_group(outcomes, gaps, ends, lengths):
+    """Rollouts of one group with given returns, gaps G_0..G_N and step ends (no model needed)."""
+    return [
+        Rollout(PROBLEMS[0], 0, k, SimpleNamespace(completion_ids=[1] * n), int(o), 1, "x", o, o, gap=g, step_ends=e)
+        for k, (o, g, e, n) in enumerate(zip(outcomes, gaps, ends, lengths, strict=True))
+    ]
+
+
+def test_with_w_did_zero_didpo_advantages_are_grpos_exactly():
+    rng = np.random.default_rng(0)
+    rollouts = []
+    for outcomes in ([1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]):
+        gaps = [[0.0, *rng.uniform(-1, 1, 3)] for _ in outcomes]
+        rollouts += scripted_group(outcomes, gaps, [[1, 3, 4]] * 4, [6, 5, 7, 6])
+    mask = build_batch_mask([len(r.completion.completion_ids) for r in rollouts])
+    cfg = RLConfig(**dict(BASE, reward=ProcessRewardConfig(w_did=0.0, control="group")))
+    didpo = models.rl.didpo_token_advantages(rollouts, mask, cfg)
+    grpo = models.rl.group_token_advantages(rollouts, mask, dataclasses.replace(cfg, algo="grpo"))
+    assert torch.equal(didpo, grpo) and didpo.abs().sum() > 0
+    with_did = models.rl.didpo_token_advantages(rollouts, mask, dataclasses.replace(cfg, reward=ProcessRewardConfig()))
+    assert not torch.equal(with_did, grpo)
+
+
+def build_batch_mask(lengths):
+    width = max(lengths)
+    return torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+
+
+def test_all_equal_outcomes_give_zero_advantages_whatever_the_gaps():
+    rollouts = scripted_group([1.0] * 4, [[0.0, 0.5, -0.9]] * 4, [[0, 2]] * 4, [3, 4, 5, 3])
+    mask = build_batch_mask([3, 4, 5, 3])
+    advantages = models.rl.didpo_token_advantages(rollouts, mask, RLConfig(**BASE))
+    assert torch.equal(advantages, torch.zeros_like(mask))
+
+
+def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_positive_learning_rate(tmp_path):
+    """KL(π_θ ‖ π_start) (k3, on each step's own samples, before its update) is logged every step: 0 before any
+    update, > 0 once the policy moved; with learning rate 0 it stays 0. The sampler/forward log-prob gap stays at
+    floating-point noise (both at T = 0.7)."""
+    kl = {}
+    for lr in (1e-2, 0.0):
+        cfg = RLConfig(**dict(BASE, steps=3, learning_rate=lr))
+        model, tok = build_tiny_causal_lm(0)
+        result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path / str(lr))
+        kl[lr] = [h["didpo/kl_start"] for h in result.history]
+        assert max(h["didpo/logprob_diff"] for h in result.history) < 1e-4
+        assert all("didpo/entropy" in h and "didpo/clip_frac/high" in h for h in result.history)
+    assert kl[1e-2][0] == 0.0 and kl[1e-2][2] > 1e-5
+    assert kl[0.0] == [0.0, 0.0, 0.0]
+
+
+def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tmp_path):
+    """Problems whose K_s = 4 screening answers all fail (the stub's `constant` ones) leave the pool; the others
+    (1 pass of 4) form it, in screening order, each with its start-policy control: the mean Φ curve on the grid and
+    the answers' mean number of lines. Steps draw from the pool only. Val or test problems are refused."""
+    from models.process_reward import CURVE_INTERVALS
+
+    constant = frozenset({"clean_0", "clean_3"})
+    cfg = RLConfig(**dict(BASE, steps=2))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
+    entries = {e["task_id"]: e for e in result.pool.entries}
+    assert len(entries) == 6 and result.pool.samples == 4
+    for task_id, e in entries.items():
+        dead = task_id.endswith(("0000", "0003"))
+        assert e["passes"] == (0 if dead else 1) and e["informative"] is (not dead) and e["pass_rate"] == e["passes"] / 4
+        assert len(e["curve"]) == CURVE_INTERVALS + 1 and e["lines"] >= 0
+    assert set(result.pool.task_ids) == {p["task_id"] for p in PROBLEMS} - {PROBLEMS[0]["task_id"], PROBLEMS[3]["task_id"]}
+    trained = {r["task_id"] for r in read_rollouts(result.rollouts_path)}
+    assert trained <= set(result.pool.task_ids)
+    assert result.pool.summary() == {"screened": 6, "pool_size": 4, "screen_pass_rate": 1 / 6, "pool_pass_rate": 0.25}
+    val = [dict(PROBLEMS[0], split="val"), *PROBLEMS[1:]]
+    with pytest.raises(ValueError, match=r"train problems only, got \['val'\]"):
+        train_rl(build_tiny_causal_lm(0)[0], tok, val, cfg, IndexVerifier(), tmp_path / "val")
+    with pytest.raises(ValueError, match="no informative problem"):
+        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, cfg, IndexVerifier(frozenset(f"clean_{i}" for i in range(6))), tmp_path / "dead")
+
+
+def test_rft_fine_tunes_on_the_passing_rollouts_only(tmp_path):
+    cfg = RLConfig(**dict(BASE, algo="rft", steps=2))
+    model, tok = build_tiny_causal_lm(0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    rows = read_rollouts(result.rollouts_path)
+    assert rows and all(r["trained"] is (r["passed"] == r["total"]) for r in rows)
+    assert any(r["trained"] for r in rows) and not all(r["trained"] for r in rows)
+    assert result.history[0]["didpo/pg_loss"] > 0  # a negative log-likelihood
+    assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_the_budget_is_refused_below_the_sft_answers_p90(tmp_path):
+    from models.sft import render_answer
+
+    tok = build_tiny_causal_lm(0)[1]
+    lengths = sorted(len(tok(render_answer(p), add_special_tokens=False)["input_ids"]) + 1 for p in PROBLEMS)
+    p90 = lengths[5]  # nearest rank: ⌈0.9 · 6⌉ = 6th of 6
+    assert models.rl.sft_answer_p90_tokens(tok, PROBLEMS) == p90
+    models.rl.check_budget_fits_answers(tok, PROBLEMS, RLConfig(**dict(BASE, max_new_tokens=p90)))
+    with pytest.raises(ValueError, match=rf"didpo.max_new_tokens \({p90 - 1}\) is below the p90 length .*{p90} tokens"):
+        models.rl.check_budget_fits_answers(tok, PROBLEMS, RLConfig(**dict(BASE, max_new_tokens=p90 - 1)))
+
+
+def test_v2_config_checks_name_the_key():
+    with pytest.raises(ValueError, match="didpo.top_p must be 1 in RL"):
+        RLConfig(top_p=0.95)
+    with pytest.raises(ValueError, match=r"didpo.reward.w_partial must be in \[0, 1\)"):
+        ProcessRewardConfig(w_partial=1.0)
+    with pytest.raises(ValueError, match=r"didpo.reward.w_format \(0.6\) must be < 1 - didpo.reward.w_partial"):
+        ProcessRewardConfig(w_partial=0.5, w_format=0.6)
+    with pytest.raises(ValueError, match="start_policy needs the screen"):
+        RLConfig(screen_samples=0)
+    assert RLConfig(screen_samples=0, reward=ProcessRewardConfig(control="group")).uses_critic is False
+    assert RLConfig(critic=True).uses_critic and not RLConfig(algo="grpo", critic=True).uses_critic
