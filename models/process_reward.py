@@ -7,8 +7,9 @@ For a rollout i of prompt x whose code has N_i lines (steps), DIDPO.md, "Objects
   prefix j is compared (semantic component) with the reference's first min(j, M) lines, so Φ depends on the
   prefix alone;
 - progress u_j = min(1, j / L_x), L_x the control's mean number of lines (`progress`), known before the rollout;
-- a control curve C_x(u) on a fixed grid of u (`mean_curve`): the mean over control rollouts of each rollout's Φ
-  placed on its own relative progress k / N_c and linearly interpolated (see `rollout_curve`);
+- a control curve C_x(u) (`mean_control`): the mean over control rollouts of each rollout's Φ placed on its own
+  relative progress k / N_c and linearly interpolated between those knots (`rollout_curve`); the mean of
+  piecewise-linear curves is piecewise linear on the union of their knots, so it is stored exactly there;
 - gap G_{i,j} = Φ_i(j) − C_x(u_j), G_{i,0} = 0; DiD step reward d_{i,j} = G_{i,j} − G_{i,j−1};
 - shaping "potential" (default): F_{i,j} = d_{i,j} for j < N_i and F_{i,N} = −G_{i,N−1}, so Σ_j F = 0 exactly and
   the return is the outcome (Ng, Harada & Russell 1999, potential-based shaping with terminal potential 0);
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 
 CONTROLS = ("start_policy", "group", "reference")
 SHAPINGS = ("potential", "bonus")
-# Control curves are stored as their values on the uniform grid u = k / CURVE_INTERVALS, k = 0..CURVE_INTERVALS, and
-# read between grid points by linear interpolation (`control_at`). 32 intervals resolve programs of up to 32 lines
-# exactly at their knots; the bundled reference programs have 5–20 lines.
-CURVE_INTERVALS = 32
 # pycodestyle checks that do not apply to a code prefix made of steps: blank lines are not steps, so the blank-line
 # rules (E3) and the end-of-file ones (W391, W292) would fire on every prefix; syntax errors (E9) are the syntax
 # component's business. The rest of pycodestyle's default selection stays (its default ignore list included).
@@ -158,13 +155,15 @@ class DiDRewards:
 
 @dataclass(frozen=True)
 class Control:
-    """A control for prompt x: its curve C_x on the grid u = k / `CURVE_INTERVALS` and its mean length L_x.
+    """A control for prompt x: its piecewise-linear curve C_x and its mean length L_x.
 
     Attributes:
-        curve: (CURVE_INTERVALS + 1,) float64.
+        knots: (K,) float64, increasing progress values from 0 to 1 (the union of the control rollouts' k / N_c).
+        curve: (K,) float64, C_x at the knots; `control_at` interpolates linearly between them.
         lines: L_x, the control rollouts' mean number of code lines (≥ 0).
     """
 
+    knots: np.ndarray
     curve: np.ndarray
     lines: float
 
@@ -332,44 +331,43 @@ def progress(n_steps: int, control_lines: float) -> np.ndarray:
     return np.minimum(1.0, j / control_lines)
 
 
-def curve_grid() -> np.ndarray:
-    """The grid u_k = k / `CURVE_INTERVALS`, k = 0..CURVE_INTERVALS: (CURVE_INTERVALS + 1,) float64."""
-    return np.arange(CURVE_INTERVALS + 1, dtype=np.float64) / CURVE_INTERVALS
+def _own_knots(phi: np.ndarray) -> np.ndarray:
+    n = phi.size - 1
+    return np.array([0.0, 1.0]) if n == 0 else np.arange(n + 1) / n
 
 
-def rollout_curve(phi: Sequence[float]) -> np.ndarray:
-    """One control rollout's Φ placed on relative progress: its N_c + 1 prefix scores at u = k / N_c (its own
-    length: the control is complete before any policy rollout), linearly interpolated, read on `curve_grid`; a
-    rollout without code (N_c = 0) is the constant Φ(empty).
+def rollout_curve(phi: Sequence[float], u: np.ndarray) -> np.ndarray:
+    """One control rollout's Φ placed on relative progress, read at `u`: its N_c + 1 prefix scores at u = k / N_c
+    (its own length: the control is complete before any policy rollout), linearly interpolated; a rollout without
+    code (N_c = 0) is the constant Φ(empty).
 
-    Returns:
-        (CURVE_INTERVALS + 1,) float64.
+    Raises:
+        ValueError: an empty phi.
     """
     phi = np.asarray(phi, dtype=np.float64)
     if phi.ndim != 1 or phi.size == 0:
         raise ValueError(f"phi must be a non-empty (N+1,) array, got shape {phi.shape}")
-    n = phi.size - 1
-    if n == 0:
-        return np.full(CURVE_INTERVALS + 1, phi[0])
-    return np.interp(curve_grid(), np.arange(n + 1) / n, phi)
+    values = np.repeat(phi, 2) if phi.size == 1 else phi
+    return np.interp(np.asarray(u, dtype=np.float64), _own_knots(phi), values)
 
 
 def mean_control(phis: Sequence[Sequence[float]]) -> Control:
-    """The control of a set of control rollouts: C_x = the mean of their `rollout_curve`s, L_x = their mean number
-    of lines (len(phi) − 1).
+    """The control of a set of control rollouts: C_x = the mean of their `rollout_curve`s, exact on the union of
+    their knots; L_x = their mean number of lines (len(phi) − 1).
 
     Raises:
         ValueError: no rollouts.
     """
     if not phis:
         raise ValueError("a control needs at least one rollout")
-    curve = np.mean([rollout_curve(phi) for phi in phis], axis=0)
-    return Control(curve=curve, lines=float(np.mean([len(phi) - 1 for phi in phis])))
+    knots = np.unique(np.concatenate([_own_knots(np.asarray(phi)) for phi in phis]))
+    curve = np.mean([rollout_curve(phi, knots) for phi in phis], axis=0)
+    return Control(knots=knots, curve=curve, lines=float(np.mean([len(phi) - 1 for phi in phis])))
 
 
 def control_at(control: Control, u: np.ndarray) -> np.ndarray:
-    """C_x(u): the control's grid values, linearly interpolated at `u` (any shape, values in [0, 1])."""
-    return np.interp(np.asarray(u, dtype=np.float64), curve_grid(), control.curve)
+    """C_x(u): the control's curve, linearly interpolated between its knots, at `u` (any shape, in [0, 1])."""
+    return np.interp(np.asarray(u, dtype=np.float64), control.knots, control.curve)
 
 
 def did_rewards(phi: Sequence[float], control: Control, shaping: str = "potential") -> DiDRewards:

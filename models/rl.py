@@ -527,7 +527,7 @@ class PromptPool:
         samples: K_s, answers per screened problem.
         entries: one dict per screened problem, in screening order: ``task_id``, ``passes`` (of K_s),
             ``pass_rate``, ``informative`` (0 < passes < K_s), ``lines`` (L_x: the answers' mean code lines),
-            ``curve`` (C_x on `models.process_reward.curve_grid`).
+            ``knots`` and ``curve`` (C_x, piecewise linear: `models.process_reward.Control`).
     """
 
     samples: int
@@ -545,7 +545,11 @@ class PromptPool:
         from models.process_reward import Control
 
         return {
-            e["task_id"]: Control(curve=np.asarray(e["curve"], dtype=np.float64), lines=float(e["lines"]))
+            e["task_id"]: Control(
+                knots=np.asarray(e["knots"], dtype=np.float64),
+                curve=np.asarray(e["curve"], dtype=np.float64),
+                lines=float(e["lines"]),
+            )
             for e in self.entries
             if e["informative"]
         }
@@ -604,6 +608,7 @@ def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: RLConfig
                     "pass_rate": passes / cfg.screen_samples,
                     "informative": 0 < passes < cfg.screen_samples,
                     "lines": control.lines,
+                    "knots": [float(x) for x in control.knots],
                     "curve": [float(x) for x in control.curve],
                 }
             )

@@ -13,19 +13,24 @@ from models.advantages import gae
 from models.code_steps import code_line_ends, code_span
 from models.policy import build_tiny_tokenizer
 from models.process_reward import (
+    Control,
     ProcessRewardConfig,
+    control_at,
     did_rewards,
     format_reward,
     lint_violations,
+    mean_control,
     outcome_reward,
     overlong_penalty,
     prefix_score,
     prefix_scores,
     progress,
     reference_curve,
+    rollout_curve,
     similarity,
     syntax_ok,
     terminal_reward,
+    token_gaps,
     token_rewards,
 )
 from models.sampling import extract_code
@@ -134,7 +139,8 @@ def test_style_counts_real_lint_violations():
     # an unfinished prefix: no syntax-error code (that is the syntax component's), pyflakes skipped
     assert lint_violations("def f(x):\n") == ()
     cfg = ProcessRewardConfig(w_syntax=0, w_style=1, w_semantic=0, w_task=0, style_scale=0.1)
-    assert prefix_score(["import os", "x=1;"], {}, [], cfg) == pytest.approx(-0.3)
+    assert prefix_score(["import os", "x=1;"], {}, [], cfg) == pytest.approx(0.7)  # 1 − 0.1 × 3 violations
+    assert prefix_score(["import os", "x=1;"], {}, [], dataclasses.replace(cfg, style_scale=0.5)) == 0.0  # floored
 
 
 def test_semantic_is_token_similarity_and_task_is_the_fraction_of_key_patterns():
@@ -149,15 +155,45 @@ def test_semantic_is_token_similarity_and_task_is_the_fraction_of_key_patterns()
     assert prefix_score(["return s.strip()"], {}, [], cfg) == 0.0
 
 
-def test_progress_alignment():
-    np.testing.assert_allclose(progress(["a", "b", "c", "d"], ["x", "y"]), [0, 0.25, 0.5, 0.75, 1])
-    # lines: "a = 1" ↔ ref 0 (1/4), "zzz" unmatched keeps 1/4, "b = 2" ↔ ref 1 (2/4), the last step reaches 1
-    lines = ["a = 1", "zzz", "  b = 2  ", "return"]
-    reference = ["a = 1", "b = 2", "c = 3", "d = 4"]
-    np.testing.assert_allclose(progress(lines, reference, "lines"), [0, 0.25, 0.25, 0.5, 1.0])
-    assert progress([], reference, "lines").tolist() == [0.0]
-    with pytest.raises(ValueError, match="alignment"):
-        progress(lines, reference, "tokens")
+def test_phi_is_the_weighted_mean_of_its_components_in_0_1():
+    """Weights 1, 0.5, 2, 1 (sum 4.5), style_scale 0.2; prefix "def f(x):" / "    return x + 2;" against the
+    reference "def f(x):" / "    return x + 1", key pattern "+ 1": syntax 1, style 1 − 0.2 (one E703) = 0.8,
+    semantic 18/21, task 0 → (1 + 0.4 + 2·18/21) / 4.5; every component 0 or 1 keeps Φ in [0, 1]."""
+    cfg = ProcessRewardConfig(w_syntax=1.0, w_style=0.5, w_semantic=2.0, w_task=1.0, style_scale=0.2)
+    problem = {"key_patterns": ["+ 1"]}
+    reference = ["def f(x):", "    return x + 1"]
+    score = prefix_score(["def f(x):", "    return x + 2;"], problem, reference, cfg)
+    assert score == pytest.approx((1 + 0.4 + 2 * 18 / 21) / 4.5, abs=1e-12)
+    np.testing.assert_allclose(reference_curve(reference, problem, cfg), [3.5 / 4.5, 3.5 / 4.5, 1.0], atol=1e-12)
+    assert prefix_score(["x = )"], problem, [], ProcessRewardConfig(w_syntax=1, w_style=0, w_semantic=0, w_task=0)) == 0
+    assert prefix_score(["x = 1"], problem, [], ProcessRewardConfig(w_syntax=0, w_style=0, w_semantic=0, w_task=0)) == 0
+
+
+def test_progress_depends_on_the_prefix_and_the_controls_length_only():
+    np.testing.assert_allclose(progress(4, 2.0), [0, 0.5, 1, 1, 1])  # capped at 1 past L_x
+    np.testing.assert_allclose(progress(2, 4.0), [0, 0.25, 0.5])  # a short program never reaches 1
+    np.testing.assert_allclose(progress(3, 0.0), [0, 1, 1, 1])  # a control without code
+    assert progress(0, 3.0).tolist() == [0.0]
+    # the same prefix gets the same progress whatever the completion's final length (version 1's j/N did not)
+    assert progress(2, 5.0)[2] == progress(7, 5.0)[2]
+    with pytest.raises(ValueError, match="control_lines"):
+        progress(2, -1.0)
+
+
+def test_control_curves_place_each_rollout_on_its_own_progress_and_average():
+    """Rollout Φ = [0.5, 0.5, 1, 1, 1] (4 lines): knots at u = 0, ¼, ½, ¾, 1, linear between; with a second
+    rollout [0.5, 0.5, 0.5] (2 lines, knots 0, ½, 1) the control is their mean, exact on the union of the knots,
+    and L_x = 3."""
+    curve = rollout_curve([0.5, 0.5, 1.0, 1.0, 1.0], np.array([0, 0.25, 1 / 3, 0.5, 1]))
+    np.testing.assert_allclose(curve, [0.5, 0.5, 2 / 3, 1, 1], atol=1e-12)
+    np.testing.assert_allclose(rollout_curve([0.7], np.array([0.0, 0.4, 1.0])), 0.7)  # no code: constant Φ(empty)
+    control = mean_control([[0.5, 0.5, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5]])
+    assert control.lines == 3.0
+    np.testing.assert_allclose(control.knots, [0, 0.25, 0.5, 0.75, 1])
+    np.testing.assert_allclose(control.curve, [0.5, 0.5, 0.75, 0.75, 0.75])
+    np.testing.assert_allclose(control_at(control, [0, 1 / 3, 2 / 3, 1]), [0.5, 7 / 12, 0.75, 0.75], atol=1e-12)
+    with pytest.raises(ValueError, match="at least one rollout"):
+        mean_control([])
 
 
 # ------------------------------------------------------------------------------------------------ DiD rewards
@@ -189,138 +225,144 @@ COMPLETIONS = {
 }
 
 
-@pytest.mark.parametrize("alignment", ["progress", "lines"])
 @pytest.mark.parametrize("name", list(COMPLETIONS))
-def test_did_rewards_telescope(name, alignment):
+def test_phi_of_real_code_lies_in_0_1_and_the_reference_against_itself_has_zero_gaps(name):
     rng = np.random.default_rng(len(name))
-    weights = rng.uniform(-1, 2, size=4)
-    cfg = ProcessRewardConfig(*weights, style_scale=0.3, alignment=alignment)
-    lines = COMPLETIONS[name]
-    did = did_rewards(lines, REFERENCE, PROBLEM, cfg)
-    n, m = len(lines), len(REFERENCE)
-    assert did.phi.shape == (n + 1,) and did.psi.shape == (m + 1,) and did.progress.shape == (n + 1,)
-    assert did.r.shape == did.c.shape == did.d.shape == (n,)
-    np.testing.assert_allclose(did.phi, prefix_scores(lines, PROBLEM, REFERENCE, cfg), rtol=0, atol=0)
-    np.testing.assert_allclose(did.psi, reference_curve(REFERENCE, PROBLEM, cfg), rtol=0, atol=0)
-    assert did.r.sum() == pytest.approx(did.phi[-1] - did.phi[0], abs=1e-12)
-    expected = (did.phi[-1] - did.phi[0]) - (did.psi[-1] - did.psi[0])
-    assert did.d.sum() == pytest.approx(expected, abs=1e-12)
-    np.testing.assert_allclose(did.d, did.r - did.c, rtol=0, atol=0)
-    assert np.all(np.diff(did.progress) >= 0) and did.progress[0] == 0 and did.progress[-1] == 1
+    cfg = ProcessRewardConfig(*rng.uniform(0, 2, size=4), style_scale=0.3)
+    phi = prefix_scores(COMPLETIONS[name], PROBLEM, REFERENCE, cfg)
+    assert phi.shape == (len(COMPLETIONS[name]) + 1,) and np.all((phi >= 0) & (phi <= 1))
+    psi = reference_curve(REFERENCE, PROBLEM, cfg)
+    own = did_rewards(psi, mean_control([psi]))
+    np.testing.assert_allclose(own.gap, 0.0, atol=1e-12)
 
 
-def test_the_reference_against_itself_has_zero_did_rewards():
-    did = did_rewards(REFERENCE, REFERENCE, PROBLEM, ProcessRewardConfig())
-    np.testing.assert_allclose(did.d, 0.0, atol=1e-12)
-    np.testing.assert_allclose(did.phi, did.psi, atol=1e-12)
+def random_control(rng) -> Control:
+    phis = [rng.uniform(0, 1, size=rng.integers(1, 25)) for _ in range(rng.integers(1, 9))]
+    return mean_control(phis)
 
 
-def test_edge_cases_empty_completion_and_empty_reference():
-    cfg = ProcessRewardConfig()
-    empty = did_rewards([], REFERENCE, PROBLEM, cfg)
-    # Φ(empty) = w_syntax·1 (empty is valid) + w_semantic·1 (empty vs the empty aligned prefix) = 2
-    assert empty.phi.tolist() == [2.0] and empty.progress.tolist() == [0.0]
-    assert empty.r.shape == empty.c.shape == empty.d.shape == (0,)
-    no_reference = did_rewards(COMPLETIONS["short"], [], PROBLEM, cfg)
-    assert no_reference.psi.shape == (1,)
-    np.testing.assert_allclose(no_reference.c, 0.0, atol=0)
-    np.testing.assert_allclose(no_reference.d, no_reference.r, atol=0)
-    both = did_rewards([], [], {}, cfg)
-    assert both.phi.shape == both.psi.shape == (1,) and both.d.shape == (0,)
+def test_invariance_potential_shaping_sums_to_zero_for_any_curve_control_and_completion():
+    """DIDPO.md "Must hold": Σ_t of the shaped per-token rewards = R_i (potential mode) to 1e-12, for random Φ
+    curves, controls, completions (lengths, step ends with repeats) and outcomes; in bonus mode the sum is
+    R_i + G_{i,N} (version 1's reading)."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(0, 30))
+        phi = rng.uniform(0, 1, size=n + 1)
+        control = random_control(rng)
+        length = n + int(rng.integers(1, 40))
+        ends = sorted(rng.integers(0, length, size=n).tolist())
+        outcome = float(rng.choice([0.0, 1.0]) + 0.5 * rng.uniform())
+        scores = did_rewards(phi, control, "potential")
+        per_token = np.zeros(length)
+        np.add.at(per_token, np.asarray(ends, dtype=np.int64), scores.shaped)
+        per_token[-1] += outcome
+        assert abs(per_token.sum() - outcome) <= 1e-12
+        assert abs(float(token_rewards(scores.shaped, ends, outcome, length).sum()) - outcome) < 1e-5  # float32
+        bonus = did_rewards(phi, control, "bonus")
+        assert bonus.shaped.sum() == pytest.approx(bonus.gap[-1], abs=1e-12)
+        np.testing.assert_allclose(bonus.d, scores.d, atol=0)
+        np.testing.assert_allclose(scores.gap[0], 0.0, atol=0)
 
 
 def test_hand_worked_two_line_example():
-    """Reference ``def f(x): return x + 1``; the completion writes ``return x + 2;``.
+    """Every number by hand. Weights: w_syntax 1, w_task 1, the others 0 (Φ = (syntax + task) / 2); key
+    pattern "+ 1".
 
-    Weights: w_syntax 1, w_style 0.5 (style_scale 0.2), w_semantic 2, w_task 1; key pattern "+ 1".
-
-    Completion (N = 2), progress u = [0, 1/2, 1], aligned reference prefixes of ⌊u·2 + ½⌋ = 0, 1, 2 lines:
-      Φ0 = 1·1 (empty is valid) + 0 + 2·1 (empty vs empty) + 0 = 3
-      Φ1 = "def f(x):": valid so far 1, no lint, identical to reference line 1 → 1 + 2·1 = 3
-      Φ2 = valid 1; one lint (E703 semicolon) → 0.5·(−0.2) = −0.1; tokens 9 of 11 vs 10 shared → 2·18/21 = 12/7;
-           "+ 1" absent → 0.  Φ2 = 0.9 + 12/7
-      r = [0, Φ2 − Φ1] = [0, 12/7 − 2.1] = [0, −27/70]
-    Reference (M = 2): Ψ0 = 3, Ψ1 = 3 (like Φ1), Ψ2 = 1 + 0 + 2·1 + 1·1 = 4; Ψ(u) at u = 0, ½, 1 = 3, 3, 4
-      c = [0, 1];  d = r − c = [0, −97/70]
-    Tokens: line 1 ends on token 1, line 2 on token 2, length 4; outcome V2 = 1 of 4 tests passed = 0.25 on token 3:
-      rewards = [0, 0, −97/70, 0.25]
-    GAE with values V = [0.5, 0.2, −0.4, 0.1], γ = 1, λ = ½ (bootstrap 0 after the last token):
-      δ3 = 0.25 − 0.1 = 0.15                  A3 = 0.15 = 3/20
-      δ2 = −97/70 + 0.1 + 0.4 = −31/35        A2 = −31/35 + ½·3/20 = −227/280
-      δ1 = 0 − 0.4 − 0.2 = −0.6               A1 = −3/5 + ½·(−227/280) = −563/560
-      δ0 = 0 + 0.2 − 0.5 = −0.3               A0 = −3/10 + ½·(−563/560) = −899/1120
-      returns = A + V = [−339/1120, −451/560, −339/280, 1/4]
+    Completion (N = 2): "def f(x):" / "    return x + 1": Φ = [½ (empty: valid, no pattern), ½, 1].
+    Control = two start-policy rollouts: "def f(x):" / "    return x" (Φ = [½, ½, ½], 2 lines) and
+    "def f(x):" / "    y = x + 1" / "    z = y" / "    return z" (Φ = [½, ½, 1, 1, 1], 4 lines):
+      L_x = 3; u = [0, ⅓, ⅔];
+      the second placed on its own progress: ½ at u ≤ ¼, linear to 1 at ½, then 1: at ⅓ → ⅔, at ⅔ → 1;
+      C = mean = [½, (½ + ⅔)/2, (½ + 1)/2] = [½, 7/12, ¾].
+    Gaps G = [0, ½ − 7/12, 1 − ¾] = [0, −1/12, ¼]; d = [−1/12, ⅓].
+    Potential shaping F = [d_1, −G_1] = [−1/12, 1/12] (Σ = 0); bonus F = d (Σ = ¼ = G_2).
+    Tokens (length 6): line 1 ends on token 1, line 2 on token 4; per-token gaps G_{j(t)−1} = [0, 0, −1/12, −1/12,
+    −1/12, 0] (tokens after the last step: the outcome alone).
+    Group of two: this rollout passes (R = 1), the other has no code (R = 0, gaps 0, 3 tokens); mean ½, std
+    (Bessel) √½, ε = 1e-4, w_did = 1:
+      A = [(1 − ½) − G] / (√½ + ε) = [½, ½, 7/12, 7/12, 7/12, ½] / (√½ + ε); the other: −½ / (√½ + ε).
+    Critic (w_did = 2): token rewards [0, −1/6, 0, 0, 1/6, 1]; GAE with γ = λ = 1 and V = 0 is the reward-to-go
+      [1, 1, 7/6, 7/6, 7/6, 1] = R − w_did·G_{j(t)−1}.
     """
-    cfg = ProcessRewardConfig(w_syntax=1.0, w_style=0.5, w_semantic=2.0, w_task=1.0, style_scale=0.2)
+    from models.advantages import didpo_group_advantages
+
+    cfg = ProcessRewardConfig(w_syntax=1.0, w_style=0.0, w_semantic=0.0, w_task=1.0)
     problem = {"key_patterns": ["+ 1"]}
     reference = ["def f(x):", "    return x + 1"]
-    completion = ["def f(x):", "    return x + 2;"]
-    did = did_rewards(completion, reference, problem, cfg)
-    np.testing.assert_allclose(did.phi, [3.0, 3.0, 0.9 + 12 / 7], atol=1e-12)
-    np.testing.assert_allclose(did.psi, [3.0, 3.0, 4.0], atol=1e-12)
-    np.testing.assert_allclose(did.r, [0.0, -27 / 70], atol=1e-12)
-    np.testing.assert_allclose(did.c, [0.0, 1.0], atol=1e-12)
-    np.testing.assert_allclose(did.d, [0.0, -97 / 70], atol=1e-12)
+    phi = prefix_scores(["def f(x):", "    return x + 1"], problem, reference, cfg)
+    np.testing.assert_allclose(phi, [0.5, 0.5, 1.0], atol=1e-12)
+    c1 = prefix_scores(["def f(x):", "    return x"], problem, reference, cfg)
+    c2 = prefix_scores(["def f(x):", "    y = x + 1", "    z = y", "    return z"], problem, reference, cfg)
+    np.testing.assert_allclose(c1, [0.5, 0.5, 0.5], atol=1e-12)
+    np.testing.assert_allclose(c2, [0.5, 0.5, 1.0, 1.0, 1.0], atol=1e-12)
+    control = mean_control([c1, c2])
+    assert control.lines == 3.0
+    scores = did_rewards(phi, control, "potential")
+    np.testing.assert_allclose(scores.progress, [0, 1 / 3, 2 / 3], atol=1e-12)
+    np.testing.assert_allclose(scores.control, [0.5, 7 / 12, 0.75], atol=1e-12)
+    np.testing.assert_allclose(scores.gap, [0.0, -1 / 12, 0.25], atol=1e-12)
+    np.testing.assert_allclose(scores.d, [-1 / 12, 1 / 3], atol=1e-12)
+    np.testing.assert_allclose(scores.shaped, [-1 / 12, 1 / 12], atol=1e-12)
+    np.testing.assert_allclose(did_rewards(phi, control, "bonus").shaped, [-1 / 12, 1 / 3], atol=1e-12)
 
-    outcome = outcome_reward(1, 4, cfg)
-    assert outcome == 0.25
-    rewards = token_rewards(did.d, [1, 2], outcome, length=4)
-    torch.testing.assert_close(rewards, torch.tensor([0.0, 0.0, -97 / 70, 0.25]))
-    values = torch.tensor([[0.5, 0.2, -0.4, 0.1]], dtype=torch.float64)
-    advantages, returns = gae(rewards.double()[None], values, torch.ones(1, 4), gamma=1.0, lam=0.5)
-    # token rewards are float32: compare to 1e-6
-    expected_advantages = torch.tensor([[-899 / 1120, -563 / 560, -227 / 280, 3 / 20]], dtype=torch.float64)
-    expected_returns = torch.tensor([[-339 / 1120, -451 / 560, -339 / 280, 1 / 4]], dtype=torch.float64)
-    torch.testing.assert_close(advantages, expected_advantages, atol=1e-6, rtol=0)
-    torch.testing.assert_close(returns, expected_returns, atol=1e-6, rtol=0)
+    gaps = token_gaps(scores.gap, [1, 4], length=6)
+    np.testing.assert_allclose(gaps, [0, 0, -1 / 12, -1 / 12, -1 / 12, 0], atol=1e-12)
+    returns = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    token_gap = torch.zeros(2, 6, dtype=torch.float64)
+    token_gap[0] = torch.from_numpy(gaps)
+    mask = torch.tensor([[1.0] * 6, [1.0] * 3 + [0.0] * 3], dtype=torch.float64)
+    advantages = didpo_group_advantages(returns, token_gap, mask, group_size=2, w_did=1.0, eps=1e-4)
+    s = 0.5**0.5 + 1e-4
+    expected = torch.tensor(
+        [[0.5, 0.5, 7 / 12, 7 / 12, 7 / 12, 0.5], [-0.5, -0.5, -0.5, 0.0, 0.0, 0.0]], dtype=torch.float64
+    ) / s
+    torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
+
+    rewards = token_rewards(2.0 * scores.shaped, [1, 4], 1.0, length=6).double()
+    torch.testing.assert_close(rewards, torch.tensor([0, -1 / 6, 0, 0, 1 / 6, 1], dtype=torch.float64), atol=1e-7, rtol=0)
+    advantages, returns_to_go = gae(rewards[None], torch.zeros(1, 6, dtype=torch.float64), torch.ones(1, 6), 1.0, 1.0)
+    expected = torch.tensor([[1, 1, 7 / 6, 7 / 6, 7 / 6, 1]], dtype=torch.float64)
+    torch.testing.assert_close(advantages, expected, atol=1e-7, rtol=0)
+    torch.testing.assert_close(returns_to_go, 1.0 - 2.0 * torch.from_numpy(gaps)[None], atol=1e-7, rtol=0)
 
 
-def naive_gae(rewards, values, lengths, gamma, lam):
-    """cleanrl-style: per row, a reversed loop over its own tokens with a 0 bootstrap after the last."""
-    out = np.zeros_like(rewards)
-    for b, n in enumerate(lengths):
-        last = 0.0
-        for t in reversed(range(n)):
-            next_value = values[b, t + 1] if t + 1 < n else 0.0
-            delta = rewards[b, t] + gamma * next_value - values[b, t]
-            last = delta + gamma * lam * last
-            out[b, t] = last
-    return out
+def test_token_gaps_follow_step_ends_with_repeats():
+    # steps end on tokens 0, 2, 2, 5 (two lines end on token 2); gaps G_0..G_4
+    out = token_gaps([0.0, 0.1, 0.2, 0.3, 0.4], [0, 2, 2, 5], length=8)
+    np.testing.assert_allclose(out, [0.0, 0.1, 0.1, 0.3, 0.3, 0.3, 0.0, 0.0])
+    np.testing.assert_allclose(token_gaps([0.0], [], length=3), 0.0)
+    with pytest.raises(ValueError, match="gaps for"):
+        token_gaps([0.0, 0.1], [], length=3)
 
 
-def test_with_zero_process_weights_didpo_advantages_are_plain_ppo_gae():
-    cfg = ProcessRewardConfig(w_syntax=0, w_style=0, w_semantic=0, w_task=0)
-    tok = FakeTokenizer(["```python\n", "def f(x):\n", "    y = x\n", "    return y\n", "```", "Done."])
-    answers = [[0, 1, 2, 3, 4, 5, 6], [0, 1, 3, 4], [5, 6]]  # ids; 6 is eos
-    outcomes = [1.0, 0.5, 0.0]
-    lengths = [len(a) for a in answers]
-    width = max(lengths)
-    rewards = torch.zeros(len(answers), width, dtype=torch.float64)
-    plain = np.zeros((len(answers), width))
-    for b, ids in enumerate(answers):
-        lines, ends = code_line_ends(tok, ids)
-        did = did_rewards(lines, REFERENCE, PROBLEM, cfg)
-        assert np.all(did.d == 0)
-        rewards[b, : len(ids)] = token_rewards(did.d, ends, outcomes[b], len(ids)).double()
-        plain[b, len(ids) - 1] = outcomes[b]  # outcome-only reward: R_out on the last token
-    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths], dtype=torch.float64)
-    values = torch.randn(len(answers), width, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * mask
-    advantages, _ = gae(rewards, values, mask, gamma=1.0, lam=0.95)
-    expected = naive_gae(plain, values.numpy(), lengths, 1.0, 0.95)
-    np.testing.assert_allclose(advantages.numpy(), expected, atol=1e-12)
+def test_edge_cases_no_code_and_an_empty_control():
+    control = mean_control([[0.4]])  # a control that wrote no code: L_x = 0, C ≡ Φ(empty)
+    assert control.lines == 0.0
+    empty = did_rewards([0.4], control)
+    assert empty.gap.tolist() == [0.0] and empty.d.shape == empty.shaped.shape == (0,)
+    scores = did_rewards([0.4, 0.9, 0.2], control)
+    np.testing.assert_allclose(scores.progress, [0, 1, 1])
+    np.testing.assert_allclose(scores.gap, [0.0, 0.5, -0.2], atol=1e-12)
+    np.testing.assert_allclose(scores.shaped, [0.5, -0.5], atol=1e-12)
+    with pytest.raises(ValueError, match="shaping"):
+        did_rewards([0.4], control, "telescope")
 
 
 # ------------------------------------------------------------------------------------------------ terminal terms
 
 
-def test_outcome_reward_v1_v2():
-    v1, v2 = ProcessRewardConfig(outcome="v1"), ProcessRewardConfig(outcome="v2")
-    assert outcome_reward(3, 4, v2) == 0.75 and outcome_reward(3, 4, v1) == 0.0
-    assert outcome_reward(4, 4, v1) == 1.0 and outcome_reward(4, 4, v2) == 1.0
-    assert outcome_reward(0, 0, v1) == outcome_reward(0, 0, v2) == 0.0
+def test_outcome_is_v1_plus_bounded_partial_credit_and_no_code_earns_nothing():
+    v1, partial = ProcessRewardConfig(), ProcessRewardConfig(w_partial=0.4)
+    assert outcome_reward(3, 4, v1) == 0.0 and outcome_reward(4, 4, v1) == 1.0
+    assert outcome_reward(3, 4, partial) == pytest.approx(0.3) and outcome_reward(4, 4, partial) == pytest.approx(1.4)
+    assert outcome_reward(0, 0, partial) == 0.0
+    assert outcome_reward(0, 3, partial, "no_code") == 0.0 and outcome_reward(3, 3, v1, "no_code") == 0.0
     for passed, total in [(5, 4), (-1, 2), (0, -1)]:
         with pytest.raises(ValueError, match="passed"):
-            outcome_reward(passed, total, v2)
+            outcome_reward(passed, total, v1)
+    with pytest.raises(ValueError, match=r"didpo\.reward\.w_partial must be in \[0, 1\)"):
+        ProcessRewardConfig(w_partial=1.0)
 
 
 def test_dapo_overlong_penalty():
@@ -341,8 +383,11 @@ def test_format_reward_and_terminal_reward():
     assert format_reward(one + one) == 0.0
     assert format_reward("def f():\n    pass\n") == 0.0  # no fence
     assert format_reward("```python\ndef f():\n") == 0.0  # never closed
-    cfg = ProcessRewardConfig(w_format=0.5, overlong_max=100, overlong_cache=20)
-    assert terminal_reward(1, 2, one, 90, cfg) == pytest.approx(0.5 + 0.5 - 0.5)
+    cfg = ProcessRewardConfig(w_format=0.5, w_partial=0.2)
+    assert terminal_reward(1, 2, one, cfg) == pytest.approx(0.1 + 0.5)
+    assert terminal_reward(0, 2, one, cfg, "no_code") == 0.0  # a fenced block without code is not paid
+    with pytest.raises(ValueError, match=r"w_format \(0.8\) must be < 1 - didpo.reward.w_partial \(0.8\)"):
+        ProcessRewardConfig(w_format=0.8, w_partial=0.2)
 
 
 def test_token_rewards_validates_its_input():
@@ -355,11 +400,13 @@ def test_token_rewards_validates_its_input():
     assert token_rewards(np.zeros(0), [], 1.5, 3).tolist() == [0.0, 0.0, 1.5]
 
 
-def test_config_rejects_unknown_choices():
-    with pytest.raises(ValueError, match="outcome"):
-        ProcessRewardConfig(outcome="v3")
-    with pytest.raises(ValueError, match="alignment"):
-        ProcessRewardConfig(alignment="tokens")
+def test_config_rejects_unknown_choices_and_negative_weights():
+    with pytest.raises(ValueError, match="didpo.reward.control"):
+        ProcessRewardConfig(control="oracle")
+    with pytest.raises(ValueError, match="didpo.reward.shaping"):
+        ProcessRewardConfig(shaping="telescope")
     with pytest.raises(ValueError, match="style_scale"):
         ProcessRewardConfig(style_scale=-1)
-    assert dataclasses.replace(ProcessRewardConfig(), alignment="lines").alignment == "lines"
+    with pytest.raises(ValueError, match="didpo.reward.w_semantic must be >= 0"):
+        ProcessRewardConfig(w_semantic=-0.5)
+    assert dataclasses.replace(ProcessRewardConfig(), control="group").control == "group"

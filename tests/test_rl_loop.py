@@ -711,9 +711,7 @@ def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_posit
 def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tmp_path):
     """Problems whose K_s = 4 screening answers all fail (the stub's `constant` ones) leave the pool; the others
     (1 pass of 4) form it, in screening order, each with its start-policy control: the mean Φ curve on the grid and
-    the answers' mean number of lines. Steps draw from the pool only. Val or test problems are refused."""
-    from models.process_reward import CURVE_INTERVALS
-
+    the answers' mean number of lines (the random model writes no code: L_x = 0). Steps draw from the pool only. Val or test problems are refused."""
     constant = frozenset({"clean_0", "clean_3"})
     cfg = RLConfig(**dict(BASE, steps=2))
     model, tok = build_tiny_causal_lm(0)
@@ -723,7 +721,8 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
     for task_id, e in entries.items():
         dead = task_id.endswith(("0000", "0003"))
         assert e["passes"] == (0 if dead else 1) and e["informative"] is (not dead) and e["pass_rate"] == e["passes"] / 4
-        assert len(e["curve"]) == CURVE_INTERVALS + 1 and e["lines"] >= 0
+        assert len(e["curve"]) == len(e["knots"]) >= 2 and e["knots"][0] == 0 and e["knots"][-1] == 1
+        assert e["lines"] == 0.0
     assert set(result.pool.task_ids) == {p["task_id"] for p in PROBLEMS} - {PROBLEMS[0]["task_id"], PROBLEMS[3]["task_id"]}
     trained = {r["task_id"] for r in read_rollouts(result.rollouts_path)}
     assert trained <= set(result.pool.task_ids)
