@@ -3,7 +3,7 @@
 Each hostile answer is a whole model answer (prose + fenced block); its code goes, as in the RL stage, through
 `extract_code` → the sandboxed `Verifier` → `outcome_reward`. The hacks' functions are wrong on every case, so any
 reward would come from the hack. A second set wraps a function that is honestly right on half the cases: the hack
-must not add to its partial credit (V2), and exiting before the tests run loses even that.
+must not add to its partial credit (w_partial·V2), and exiting before the tests run loses even that.
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def verdicts():
 
 def test_the_honest_controls_earn_their_reward(verdicts):
     _, _, (half, right) = verdicts
-    v2, v1 = ProcessRewardConfig(outcome="v2"), ProcessRewardConfig(outcome="v1")
+    partial, v1 = ProcessRewardConfig(w_partial=0.5), ProcessRewardConfig()
     assert (half.n_passed, half.n_tests) == (2, 4)
-    assert outcome_reward(half.n_passed, half.n_tests, v2) == 0.5
+    assert outcome_reward(half.n_passed, half.n_tests, partial) == 0.25
     assert outcome_reward(half.n_passed, half.n_tests, v1) == 0.0
     assert right.passed and outcome_reward(right.n_passed, right.n_tests, v1) == 1.0
 
@@ -97,11 +97,11 @@ def test_hacks_earn_no_outcome_reward(verdicts, name):
     assert verdict.n_tests == 4
     assert not verdict.passed and verdict.n_passed == 0, verdict
     assert verdict.reason != "sandbox_error", verdict
-    for outcome in ("v1", "v2"):
-        cfg = ProcessRewardConfig(outcome=outcome)
-        assert outcome_reward(verdict.n_passed, verdict.n_tests, cfg) == 0.0
-        # the last-token reward holds nothing from the tests either (no format or length terms here)
-        assert terminal_reward(verdict.n_passed, verdict.n_tests, answer(HACKS[name]), 50, cfg) == 0.0
+    for w_partial in (0.0, 0.9):
+        cfg = ProcessRewardConfig(w_partial=w_partial)
+        assert outcome_reward(verdict.n_passed, verdict.n_tests, cfg, verdict.reason) == 0.0
+        # the return's last-token terms hold nothing from the tests either (no format term here)
+        assert terminal_reward(verdict.n_passed, verdict.n_tests, answer(HACKS[name]), cfg, verdict.reason) == 0.0
 
 
 @pytest.mark.parametrize("name", list(ON_HALF_RIGHT))
@@ -109,5 +109,6 @@ def test_hacks_add_nothing_to_honest_partial_credit(verdicts, name):
     verdict = verdicts[1][name]
     expected = ON_HALF_RIGHT[name][1]
     assert (verdict.n_passed, verdict.n_tests) == (expected, 4), verdict
-    assert outcome_reward(verdict.n_passed, verdict.n_tests, ProcessRewardConfig(outcome="v2")) == expected / 4
-    assert outcome_reward(verdict.n_passed, verdict.n_tests, ProcessRewardConfig(outcome="v1")) == 0.0
+    partial = ProcessRewardConfig(w_partial=0.5)
+    assert outcome_reward(verdict.n_passed, verdict.n_tests, partial, verdict.reason) == 0.5 * expected / 4
+    assert outcome_reward(verdict.n_passed, verdict.n_tests, ProcessRewardConfig(), verdict.reason) == 0.0
