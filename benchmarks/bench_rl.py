@@ -57,6 +57,7 @@ def run_ours(problems, verifier, args) -> float:
         lora_dropout=0.0,
         checkpoint_every=0,
         device="cpu",
+        screen_samples=0,  # TRL's GRPOTrainer has no prompt screen: time the same loop
     )
     marks: dict[int, float] = {}
 

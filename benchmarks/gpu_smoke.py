@@ -129,6 +129,8 @@ def main() -> None:
 
         def rl(clock):
             model, tok = load(model_path)
+            from models.process_reward import ProcessRewardConfig
+
             cfg = RLConfig(
                 algo="didpo",
                 steps=args.steps,
@@ -141,6 +143,8 @@ def main() -> None:
                 checkpoint_every=0,
                 device=device,
                 mixed_precision="auto",
+                screen_samples=0,  # a smoke of the step: no screen, the group's own control
+                reward=ProcessRewardConfig(control="group"),
             )
             with Verifier(VerifierConfig(workers=2, timeout_s=5.0, cpu_s=5)) as verifier:
                 train_rl(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False)

@@ -167,7 +167,9 @@ def didpo_group_advantages(
     """
     returns = returns.to(torch_float(returns))
     if gaps.shape != mask.shape or gaps.shape[0] != returns.shape[0]:
-        raise ValueError(f"gaps {tuple(gaps.shape)}, mask {tuple(mask.shape)} and returns {tuple(returns.shape)} differ")
+        raise ValueError(
+            f"gaps {tuple(gaps.shape)}, mask {tuple(mask.shape)} and returns {tuple(returns.shape)} differ"
+        )
     if group_size < 2 or returns.numel() % group_size:
         raise ValueError(f"group_size ({group_size}) must be >= 2 and divide the batch ({returns.numel()})")
     outcome = group_advantages(returns, group_size, eps, True)  # (B,)

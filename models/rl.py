@@ -1205,9 +1205,9 @@ def train_rl(
         an `RLResult`.
 
     Raises:
-        ValueError: no problems, a problem of another split than train, a tokenizer without pad/eos token, a budget the model's context or the memory
-            cannot hold (`check_rollout_fits`, naming the settings; checked before anything is trained or written),
-            a screen without an informative problem (`screen_prompt_pool`).
+        ValueError: no problems, a problem of another split than train, a tokenizer without pad/eos token, a
+            budget the model's context or the memory cannot hold (`check_rollout_fits`, naming the settings; checked
+            before anything is trained or written), a screen without an informative problem (`screen_prompt_pool`).
         models.checkpoint.CheckpointMismatchError: ``resume=True`` found a checkpoint of another config, other
             problems or other initial weights.
     """

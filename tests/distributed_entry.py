@@ -31,6 +31,7 @@ RL_BASE = dict(
     checkpoint_every=0,
     target_kl=0.0,
     ppo_epochs=2,
+    screen_samples=0,  # train on the given problems: the stand-in verifier's partial credit is the signal
 )
 
 
@@ -145,6 +146,7 @@ def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from models.process_reward import ProcessRewardConfig
     from models.rl import RLConfig, train_rl
 
     # A random tiny model never passes a test in the real sandbox, and writes no complete line (no process reward
@@ -152,7 +154,8 @@ def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:
     # from their text, so the outcome rewards vary within groups, for grpo and didpo alike.
     verifier = TextVerifier()
     for algo in ("grpo", "didpo"):
-        cfg = RLConfig(**RL_BASE, algo=algo, minibatch_size=batch)
+        reward = ProcessRewardConfig(w_partial=0.5, control="group")  # V1 alone would be 0 everywhere here
+        cfg = RLConfig(**RL_BASE, algo=algo, minibatch_size=batch, critic=algo == "didpo", reward=reward)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         result = train_rl(model, tokenizer, problems, cfg, verifier, out_dir / algo, resume=False)
         tensors = load_file(result.adapter_path / "adapter_model.safetensors")

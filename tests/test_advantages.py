@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.advantages import RunningMeanStd, adaptive_lambda, clip_rewards, gae, group_advantages, whiten
+from models.advantages import (
+    RunningMeanStd,
+    adaptive_lambda,
+    clip_rewards,
+    didpo_group_advantages,
+    gae,
+    group_advantages,
+    whiten,
+)
 
 
 def naive_gae(rewards, values, lengths, gamma, lams):
@@ -130,3 +138,34 @@ def test_clip_rewards():
     assert clip_rewards(torch.tensor([-12.0, 0.5, 30.0]), 10.0).tolist() == [-10.0, 0.5, 10.0]
     with pytest.raises(ValueError, match="bound"):
         clip_rewards(torch.tensor([1.0]), 0.0)
+
+
+def naive_didpo_advantages(returns, gaps, lengths, group_size, w_did, eps):
+    """DIDPO.md v2's formula written out per group and token, with Python floats."""
+    out = np.zeros_like(gaps)
+    for start in range(0, len(returns), group_size):
+        group = returns[start : start + group_size]
+        mean = sum(group) / group_size
+        std = (sum((r - mean) ** 2 for r in group) / (group_size - 1)) ** 0.5
+        for i in range(start, start + group_size):
+            for t in range(lengths[i]):
+                process = w_did * gaps[i, t] if max(group) > min(group) else 0.0
+                out[i, t] = ((returns[i] - mean) - process) / (std + eps)
+    return out
+
+
+def test_didpo_group_advantages_equal_the_formula_written_out():
+    rng = np.random.default_rng(0)
+    returns = np.array([1.0, 0.0, 0.0, 1.4, 0.3, 0.3, 0.3, 0.3])  # the second group has equal returns
+    lengths = [5, 3, 6, 2, 4, 6, 1, 3]
+    gaps = rng.uniform(-1, 1, size=(8, 6)) * (np.arange(6)[None] < np.array(lengths)[:, None])
+    mask = torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths], dtype=torch.float64)
+    got = didpo_group_advantages(torch.tensor(returns), torch.tensor(gaps), mask, 4, 0.7, 1e-4)
+    expected = naive_didpo_advantages(returns, gaps, lengths, 4, 0.7, 1e-4)
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
+    assert torch.all(got[4:].abs() < 1e-10)  # all-equal returns: no signal, whatever the gaps
+    # w_did = 0: GRPO's advantage on every token, bit for bit
+    zero = didpo_group_advantages(torch.tensor(returns), torch.tensor(gaps), mask, 4, 0.0, 1e-4)
+    assert torch.equal(zero, group_advantages(torch.tensor(returns), 4, 1e-4).unsqueeze(-1) * mask)
+    with pytest.raises(ValueError, match="group_size"):
+        didpo_group_advantages(torch.tensor(returns), torch.tensor(gaps), mask, 3, 0.7)

@@ -99,18 +99,34 @@ def test_rl_budget_upper_bounds_name_the_key(didpo, expected):
 
 def test_overlong_penalty_must_fit_max_new_tokens():
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    # params.yaml: the penalty ramps from 144 to 192 = max_new_tokens (the top of the ramp is reachable)
-    assert (raw["didpo"]["max_new_tokens"], raw["didpo"]["reward"]["overlong_max"]) == (192, 192)
-    # `-S didpo.max_new_tokens=128` alone: no completion can reach 192 tokens, -1 is never given
-    raw["didpo"]["max_new_tokens"] = 128
+    # params.yaml: dapo's penalty ramps from 320 (the evaluation's budget) to 384 = max_new_tokens
+    assert (raw["didpo"]["max_new_tokens"], raw["didpo"]["reward"]["overlong_max"]) == (384, 384)
+    assert raw["didpo"]["reward"]["overlong_max"] - raw["didpo"]["reward"]["overlong_cache"] == 320
+    # `-S didpo.max_new_tokens=352` alone: no completion can reach 384 tokens, -1 is never given
+    raw["didpo"]["max_new_tokens"] = 352
     with pytest.raises(ConfigError) as info:
         parse_params(raw)
-    assert "didpo.reward.overlong_max (192) must be <= didpo.max_new_tokens (128)" in str(info.value)
-    raw["didpo"]["reward"].update(overlong_max=128, overlong_cache=32)  # ramp 96 → 128: coherent again
-    assert parse_params(raw).didpo.reward.overlong_max == 128
+    assert "didpo.reward.overlong_max (384) must be <= didpo.max_new_tokens (352)" in str(info.value)
+    raw["didpo"]["reward"].update(overlong_max=352, overlong_cache=32)  # ramp 320 → 352: coherent again
+    assert parse_params(raw).didpo.reward.overlong_max == 352
     # a hard cut (cache 0) at max_new_tokens would punish nothing: only lengths > overlong_max are punished
     raw["didpo"]["reward"]["overlong_cache"] = 0
-    with pytest.raises(ConfigError, match=r"didpo\.reward\.overlong_max \(128\) with didpo\.reward\.overlong_cache 0"):
+    with pytest.raises(ConfigError, match=r"didpo\.reward\.overlong_max \(352\) with didpo\.reward\.overlong_cache 0"):
         parse_params(raw)
-    raw["didpo"]["reward"]["overlong_max"] = 120  # lengths 121..128 get -1
+    raw["didpo"]["reward"]["overlong_max"] = 340  # lengths 341..352 get -1
     assert parse_params(raw).didpo.reward.overlong_cache == 0
+
+
+def test_rl_budget_must_cover_the_evaluations():
+    """RL must not cut off answers the evaluation lets finish (issue 18: RL stopped at 192 tokens, evaluation at
+    320): a check across the two sections, naming both keys."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert raw["didpo"]["max_new_tokens"] >= raw["evaluate"]["max_new_tokens"]
+    raw["didpo"]["max_new_tokens"] = raw["evaluate"]["max_new_tokens"] - 1
+    raw["didpo"]["reward"].update(overlong_max=0, overlong_cache=0)
+    with pytest.raises(ConfigError) as info:
+        parse_params(raw)
+    expected = f"didpo.max_new_tokens ({raw['evaluate']['max_new_tokens'] - 1}) must be >= evaluate.max_new_tokens"
+    assert expected in str(info.value)
+    raw["didpo"]["max_new_tokens"] += 1
+    assert parse_params(raw).didpo.max_new_tokens == raw["evaluate"]["max_new_tokens"]

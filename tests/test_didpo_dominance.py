@@ -156,7 +156,9 @@ def test_the_copy_of_the_reference_with_one_bug_scores_below_two_correct_program
     assert verdicts["correct A"].passed and verdicts["correct B"].passed
     assert not verdicts["one bug"].passed and verdicts["one bug"].n_passed > 0
     assert phis["one bug"][-1] > max(phis["correct A"][-1], phis["correct B"][-1])
-    assert returns["correct A"] == pytest.approx(1.0, abs=1e-12) and returns["correct B"] == pytest.approx(1.0, abs=1e-12)
+    assert returns["correct A"] == pytest.approx(1.0, abs=1e-12) and returns["correct B"] == pytest.approx(
+        1.0, abs=1e-12
+    )
     assert returns["one bug"] == pytest.approx(0.0, abs=1e-12)
 
 

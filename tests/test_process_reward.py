@@ -314,13 +314,16 @@ def test_hand_worked_two_line_example():
     mask = torch.tensor([[1.0] * 6, [1.0] * 3 + [0.0] * 3], dtype=torch.float64)
     advantages = didpo_group_advantages(returns, token_gap, mask, group_size=2, w_did=1.0, eps=1e-4)
     s = 0.5**0.5 + 1e-4
-    expected = torch.tensor(
-        [[0.5, 0.5, 7 / 12, 7 / 12, 7 / 12, 0.5], [-0.5, -0.5, -0.5, 0.0, 0.0, 0.0]], dtype=torch.float64
-    ) / s
+    expected = (
+        torch.tensor([[0.5, 0.5, 7 / 12, 7 / 12, 7 / 12, 0.5], [-0.5, -0.5, -0.5, 0.0, 0.0, 0.0]], dtype=torch.float64)
+        / s
+    )
     torch.testing.assert_close(advantages, expected, atol=1e-12, rtol=0)
 
     rewards = token_rewards(2.0 * scores.shaped, [1, 4], 1.0, length=6).double()
-    torch.testing.assert_close(rewards, torch.tensor([0, -1 / 6, 0, 0, 1 / 6, 1], dtype=torch.float64), atol=1e-7, rtol=0)
+    torch.testing.assert_close(
+        rewards, torch.tensor([0, -1 / 6, 0, 0, 1 / 6, 1], dtype=torch.float64), atol=1e-7, rtol=0
+    )
     advantages, returns_to_go = gae(rewards[None], torch.zeros(1, 6, dtype=torch.float64), torch.ones(1, 6), 1.0, 1.0)
     expected = torch.tensor([[1, 1, 7 / 6, 7 / 6, 7 / 6, 1]], dtype=torch.float64)
     torch.testing.assert_close(advantages, expected, atol=1e-7, rtol=0)

@@ -269,7 +269,9 @@ def test_didpo_advantages_by_hand_with_decoupled_lambdas():
 def test_token_reward_matrix_places_shaped_rewards_on_step_ends_and_the_sequence_reward_last():
     """The critic's rewards: w_did·F_j on step ends (a repeated end token sums its steps), R on the last token."""
     completion = SimpleNamespace(completion_ids=[5, 6, 7, 8, 9])
-    r = Rollout(PROBLEMS[0], 0, 0, completion, 1, 2, "assertion", 0.5, 0.75, step_ends=[1, 3, 3], shaped=[0.5, -0.2, 0.1])
+    r = Rollout(
+        PROBLEMS[0], 0, 0, completion, 1, 2, "assertion", 0.5, 0.75, step_ends=[1, 3, 3], shaped=[0.5, -0.2, 0.1]
+    )
     short = Rollout(PROBLEMS[0], 0, 1, SimpleNamespace(completion_ids=[5, 6]), 0, 2, "assertion", 0.0, -1.0)
     out = token_reward_matrix([r, short], width=6, w_did=2.0)
     expected = torch.tensor([[0.0, 1.0, 0.0, -0.2, 0.75, 0.0], [0.0, -1.0, 0.0, 0.0, 0.0, 0.0]])
@@ -710,8 +712,9 @@ def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_posit
 
 def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tmp_path):
     """Problems whose K_s = 4 screening answers all fail (the stub's `constant` ones) leave the pool; the others
-    (1 pass of 4) form it, in screening order, each with its start-policy control: the mean Φ curve on the grid and
-    the answers' mean number of lines (the random model writes no code: L_x = 0). Steps draw from the pool only. Val or test problems are refused."""
+    (1 pass of 4) form it, in screening order, each with its start-policy control: the mean Φ curve (knots from 0
+    to 1) and the answers' mean number of lines (the random model writes no code: L_x = 0). Steps draw from the
+    pool only. Val or test problems are refused."""
     constant = frozenset({"clean_0", "clean_3"})
     cfg = RLConfig(**dict(BASE, steps=2))
     model, tok = build_tiny_causal_lm(0)
@@ -720,10 +723,15 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
     assert len(entries) == 6 and result.pool.samples == 4
     for task_id, e in entries.items():
         dead = task_id.endswith(("0000", "0003"))
-        assert e["passes"] == (0 if dead else 1) and e["informative"] is (not dead) and e["pass_rate"] == e["passes"] / 4
+        assert (
+            e["passes"] == (0 if dead else 1) and e["informative"] is (not dead) and e["pass_rate"] == e["passes"] / 4
+        )
         assert len(e["curve"]) == len(e["knots"]) >= 2 and e["knots"][0] == 0 and e["knots"][-1] == 1
         assert e["lines"] == 0.0
-    assert set(result.pool.task_ids) == {p["task_id"] for p in PROBLEMS} - {PROBLEMS[0]["task_id"], PROBLEMS[3]["task_id"]}
+    assert set(result.pool.task_ids) == {p["task_id"] for p in PROBLEMS} - {
+        PROBLEMS[0]["task_id"],
+        PROBLEMS[3]["task_id"],
+    }
     trained = {r["task_id"] for r in read_rollouts(result.rollouts_path)}
     assert trained <= set(result.pool.task_ids)
     assert result.pool.summary() == {"screened": 6, "pool_size": 4, "screen_pass_rate": 1 / 6, "pool_pass_rate": 0.25}
@@ -731,7 +739,14 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
     with pytest.raises(ValueError, match=r"train problems only, got \['val'\]"):
         train_rl(build_tiny_causal_lm(0)[0], tok, val, cfg, IndexVerifier(), tmp_path / "val")
     with pytest.raises(ValueError, match="no informative problem"):
-        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, cfg, IndexVerifier(frozenset(f"clean_{i}" for i in range(6))), tmp_path / "dead")
+        train_rl(
+            build_tiny_causal_lm(0)[0],
+            tok,
+            PROBLEMS,
+            cfg,
+            IndexVerifier(frozenset(f"clean_{i}" for i in range(6))),
+            tmp_path / "dead",
+        )
 
 
 def test_rft_fine_tunes_on_the_passing_rollouts_only(tmp_path):
