@@ -195,7 +195,14 @@ def test_impossible_gate_stops_the_pipeline(project):
         max_steps=2, batch_size=2, grad_accum_steps=1, eval_every=1, checkpoint_every=1, max_seq_len=2048
     )
     params["gate"].update(
-        n_samples=2, k=2, val_problems=2, max_new_tokens=16, temperature=1.0, top_p=1.0, threshold=1.0
+        n_samples=2,
+        k=2,
+        val_problems=2,
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        threshold=1.0,
+        external_problems=3,
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -209,6 +216,13 @@ def test_impossible_gate_stops_the_pipeline(project):
     assert (root / "data/checkpoints/sft/adapter/adapter_config.json").exists()
     gate = json.loads((root / "data/gate/metrics.json").read_text())
     assert gate["passed"] is False and gate["threshold"] == 1.0 and gate["n_problems"] == 2
+    external = gate["external"]  # the external guard is reported even when the gate fails
+    assert external["n_problems"] == 3 and 0.0 <= external["base_pass@1"] <= 1.0
+    assert external["delta"] == pytest.approx(external["pass@1"] - external["base_pass@1"])
+    for name in ("base", "sft"):
+        rows = [json.loads(line) for line in (root / f"data/gate/external_{name}.jsonl").read_text().splitlines()]
+        assert [r["task_id"] for r in rows] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+        assert all(len(r["answers"]) == 1 for r in rows)  # one greedy answer each
     _, runs = mlflow_runs(root)
     gate_runs = [r for r in runs if r.data.tags["didpo.stage"] == "gate"]
     assert [r.data.tags["gate"] for r in gate_runs] == ["failed"]
@@ -232,8 +246,12 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
         max_new_tokens=16,
         max_seq_len=2048,
     )
-    params["didpo"].update(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=16, minibatch_size=2)
-    params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0)
+    # RL's budget must cover the SFT answers' p90 in the tiny tokenizer's tokens (669, longest 770, on the bundled
+    # problems); the random model passes nothing, so no screen (an empty pool) and the group's own control
+    params["didpo"].update(
+        steps=2, prompts_per_step=2, group_size=2, max_new_tokens=800, minibatch_size=2, screen_samples=0
+    )
+    params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0, control="group")
     params["evaluate"].update(
         val_per_family=1,
         n_samples=2,
@@ -261,6 +279,8 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     assert {"base", "sft", "dpo", "rl"} <= set(json.dumps(evaluation).replace('"', " ").split())
     assert (root / "data/evaluate/figures/passk.png").stat().st_size > 0
     protocol = json.loads((root / "data/evaluate/protocol.json").read_text())
+    assert protocol["greedy_splits"] == ["humaneval"]
+    assert evaluation["base"]["humaneval"]["n_samples"] == 1 and evaluation["base"]["humaneval"]["greedy"]
     val = protocol["splits"]["val"]  # one problem per family, none of the first 2 (gate, dpo, baseline use them)
     first_val = [json.loads(line)["task_id"] for line in (root / "data/validated/problems.jsonl").open()
                  if json.loads(line)["split"] == "val"][:2]  # fmt: skip
