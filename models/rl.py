@@ -1,63 +1,63 @@
-"""RL on the coding problems: DiDPO (process rewards against a reference, PPO with a critic), GRPO and DAPO in one loop.
+"""RL on the coding problems: DiDPO version 2 (DIDPO.md), with GRPO, DAPO and RFT as baselines in one loop.
 
-DiDPO here is the project's algorithm (DIDPO.md): per-step process rewards d_j = r_j − c_j (the policy's prefix-score
-improvement net of the reference solution's improvement over the same stretch of progress) on the token that
-completes each code line, the verifier's outcome reward on the last token, a value head on the policy's hidden
-states, GAE, and a clipped PPO update. It is *not* the critic-free "DiDPO: Diff-in-Diff Policy Optimization for
-Coding Agent Training" (arXiv 2608.07147), which adds a snippet-level advantage over code edits aligned across
-rollouts to GRPO's episode advantage.
+DiDPO here is the project's algorithm (../shared/DIDPO.md v2): the return of a rollout is its outcome R_i = V1 +
+w_partial·V2 (+ a bounded format term; 0 for an answer with no code); the process signal is the DiD gap
+G_{i,j} = Φ_i(j) − C_x(u_j) of each code line's prefix score against a control curve (the frozen start policy's
+screening rollouts on the prompt by default), used through potential-based shaping with terminal potential 0
+(Σ_j F = 0: it moves credit between steps and never changes which programs are optimal). The default advantage is
+critic-free, A_{i,t} = [(R_i − mean_k R_k) − w_did·G_{i,j(t)−1}] / (std_k R_k + ε); a value head with GAE (γ = λ = 1)
+is an option. It is *not* the critic-free "DiDPO: Diff-in-Diff Policy Optimization for Coding Agent Training"
+(arXiv 2608.07147), which adds a snippet-level advantage over code edits aligned across rollouts to GRPO's episode
+advantage (and so changes the optimum; ours is a baseline).
 
-Baselines in the same loop, with the same sampler, verifier, optimizer and budget (DIDPO.md, "Baselines"):
+Baselines in the same loop, with the same sampler, verifier, prompt pool, optimizer and budget (DIDPO.md,
+"Baselines"):
 
 - ``grpo`` (Shao et al. 2024, DeepSeekMath §4.1): outcome reward only, advantage (r − mean_group)/(std_group + ε)
   on every token, symmetric clip ε_low = ε_high, loss averaged per sequence then over sequences (TRL's
   ``loss_type="grpo"``), no critic;
-- ``dapo`` (Yu et al. 2025, DAPO §3): GRPO + clip-higher (ε_high > ε_low), dynamic sampling (groups whose rewards
-  are all equal carry no gradient: they are dropped and the step draws more prompts, at most ``max_refill`` extra
-  draws), token-level loss (every token of the minibatch weighs the same; TRL's ``loss_type="dapo"``) and soft
-  overlong shaping;
-- ``didpo``: token-level loss and clip-higher as DAPO, plus the critic (value loss, optional warm-up).
+- ``dapo`` (Yu et al. 2025, DAPO §3): GRPO + clip-higher (ε_high > ε_low), dynamic sampling on accuracy (groups
+  whose rollouts all pass or all fail are dropped and the step draws more prompts, at most ``max_refill`` extra
+  draws), token-level loss (TRL's ``loss_type="dapo"``) and soft overlong shaping;
+- ``rft`` (rejection-sampling fine-tuning; RAFT, Dong et al. 2023): the token-level NLL of the step's passing
+  rollouts, the cheap control any RL must beat;
+- ``didpo``: token-level loss and clip-higher as DAPO, the group baseline with the process term above (or the critic).
 
-One step of `train_rl`, top to bottom:
+One step of `train_rl`, top to bottom (before the first: the screen, `screen_prompt_pool`):
 
-1. prompts: the next ``prompts_per_step`` problems of a seeded, checkpointed order (`models.sft.DataOrder`);
+1. prompts: the next ``prompts_per_step`` problems of the pool, in a seeded, checkpointed order
+   (`models.sft.DataOrder`);
 2. rollouts: ``group_size`` samples per prompt with `models.sampling.sample`, seeded from (seed, step, draw) so
-   every step draws new samples; the sampler records the old per-token log-probs;
-3. verification: `models.evaluation.assemble_program` + the verifier; the outcome reward is the fraction of tests
-   passed (V2) or 0/1 (V1);
-4. rewards → advantages: ``didpo`` = token rewards (d_j on step ends, outcome + format + overlong on the last
-   token, optional −β·k3 KL to the reference per token), optionally scaled by a running std and clipped, then GAE
-   with the old values (λ_critic for the returns, λ_policy — fixed or length-adaptive — for the advantages),
-   whitened over the batch; ``grpo``/``dapo`` = group-normalised sequence rewards on every token;
+   every step draws new samples; the sampler records the old per-token log-probs at the sampling temperature;
+3. verification: `models.evaluation.assemble_program` + the verifier → the outcome R_i; didpo: Φ of every prefix,
+   the gaps against the control and the shaped rewards (`assign_process_rewards`);
+4. advantages: didpo = `didpo_token_advantages` (or, with a critic, per-token rewards w_did·F on step ends + the
+   sequence reward on the last token, GAE, whitening); grpo/dapo = group-normalised sequence rewards on every
+   token; rft = the passing rollouts only;
 5. PPO epochs over shuffled minibatches (one optimizer step each) with target-KL early stop; during the first
-   ``critic_warmup_steps`` steps (didpo) only the value head learns and the policy is unchanged;
-6. an exact-resume checkpoint (LoRA + value head + optimizer + RNGs + prompt order + reward normaliser), the
-   step's rollouts appended to a JSONL, metrics through ``emit(metrics, step)``.
+   ``critic_warmup_steps`` steps (critic) only the value head learns;
+6. an exact-resume checkpoint (LoRA + value head + optimizer + RNGs + prompt order + pool + reward normaliser),
+   the step's rollouts appended to a JSONL, metrics through ``emit(metrics, step)``.
 
 Metrics, through ``emit(metrics, step)`` after every step, under ``didpo/`` whatever the algorithm (runs compare):
-``reward/outcome`` (mean R_out), ``reward/sequence`` (mean sequence-level reward: outcome + the algorithm's shaping
-terms), ``reward/process`` (mean Φ(final) − Φ(empty), didpo), ``reward/did`` (mean Σ_j d_j, didpo), ``pass_rate``
-(completions passing every test), ``frac_zero_std_groups`` (groups whose sequence rewards are all equal, among all
-sampled), ``groups_sampled``, ``groups_trained`` (dapo drops zero-std groups), ``response_length`` (tokens),
-``rollouts_per_s`` and ``tokens_per_s`` (completions and completion tokens per second of the rollout phase:
-sampling + sandbox + reward scoring), ``time/rollout_s``, ``time/update_s``, ``step_time_s``; when an update ran:
-``pg_loss``, ``entropy`` (nats), ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``, ``ratio_mean``,
-``grad_norm``, ``updates`` (optimizer steps; fewer than epochs × minibatches after a target-KL stop), and with the
-critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance`` (of the returns by the rollout-time values); with
-β > 0 ``kl_ref`` (k3 to the reference). Update stats are means over the step's minibatches.
+``reward/outcome`` (mean R_i), ``reward/sequence`` (the algorithm's sequence reward), ``pass_rate``,
+``no_code_rate``, ``truncated_rate``, ``response_length`` (tokens), ``frac_zero_std_groups`` (groups whose
+sequence rewards are all equal, among all sampled), ``groups_sampled``, ``groups_trained``, ``kl_start`` (k3
+KL(π_θ ‖ π_start) per token on the step's own samples, before its update), ``logprob_diff`` (mean |logπ_sampler −
+logπ_forward|), ``rollouts_per_s``, ``tokens_per_s``, ``time/rollout_s``, ``time/update_s``, ``step_time_s``;
+didpo: ``reward/process`` (Φ(final) − Φ(empty)), ``reward/did`` (Σ_j d_j), ``reward/gap_final`` (G_N); when an
+update ran: ``pg_loss``, ``entropy`` (nats, at T), ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``,
+``ratio_mean``, ``grad_norm``, ``updates``, with a critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance``,
+with β > 0 ``kl_ref``. Update stats are means over the step's minibatches (rft: ``pg_loss`` = NLL, ``entropy``).
 
-Choices where DIDPO.md leaves room (and why):
+Choices where DIDPO.md leaves room (docs/DIDPO_IMPLEMENTATION.md lists them all):
 
-- old log-probs are the sampler's (unscaled logits: π_θ itself, see `models.sampling`), not a second forward pass;
-  LoRA dropout must then be 0 (the default) for the first PPO ratio to be 1 up to floating-point noise;
-- the KL to the reference is a per-token reward −β·k3 for didpo (DIDPO.md, "Per-token reward"), a loss term β·k3
-  for grpo/dapo (TRL's GRPOTrainer), so each baseline is the algorithm its paper and TRL define;
-- the critic shares the policy's backbone: c_vf·L_VF also reaches the LoRA adapters; during the critic warm-up the
-  backbone runs without gradients, so the warm-up trains the head alone and leaves the policy unchanged;
-- reward normalisation divides by the running std of *sequence* returns (token rewards are mostly zeros, whose std
-  would blow rewards up) and does nothing while that std is 0;
-- ``frac_zero_std_groups`` is measured on the sequence-level rewards for every algorithm (for didpo: outcome +
-  format + overlong), i.e. the groups that would carry no signal without process rewards.
+- old log-probs are the sampler's, at the sampling temperature (logits / T, TRL's convention), and
+  `policy_forward` divides by the same T; LoRA dropout must be 0 (the default) for the first ratio to be 1;
+- the KL to the start policy is always measured (adapters disabled, or a frozen copy in full fine-tuning); β > 0
+  adds β·k3 to the loss (critic-free) or −β·k3 to the per-token rewards (critic);
+- the value head reads detached hidden states (its loss never moves the adapters);
+- reward normalisation (critic) divides by the running std of *sequence* returns and does nothing while it is 0.
 """
 
 from __future__ import annotations
