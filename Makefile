@@ -62,11 +62,14 @@ test-slow: setup-dev
 lint: setup-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# RL ablation (issue 7): didpo vs grpo vs dapo on the same DPO checkpoint, seeds and rollout budget, one DVC
-# experiment each (didpo last, so the workspace ends where it started); the table is printed in Markdown.
-ABLATION_KEEP := '^(Experiment|didpo\.algo|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|groups_trained/mean|reward/did/mean|response_length/mean|approx_kl/mean|entropy/mean)$$'
+# RL ablation (issues 7, 18): grpo, dapo, rft, didpo with the group control, then didpo (start-policy control) on the
+# same DPO checkpoint, seeds, prompt pool and rollout budget, one DVC experiment each (the default last, so the
+# workspace ends where it started); the table is printed in Markdown.
+ABLATION_KEEP := '^(Experiment|didpo\.algo|didpo\.reward\.control|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|groups_trained/mean|reward/did/mean|response_length/mean|kl_start/last|approx_kl/mean|entropy/mean|pool/pool_size)$$'
 ablation: setup
-	for a in grpo dapo didpo; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
+	for a in grpo dapo rft; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
+	$(BIN)/dvc exp run didpo -S didpo.algo=didpo -S didpo.reward.control=group
+	$(BIN)/dvc exp run didpo -S didpo.algo=didpo -S didpo.reward.control=start_policy
 	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
 
 # The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems (1 a family), DPO vs RL only.
