@@ -1,5 +1,9 @@
 """Stage ``gate``: RL runs only if the SFT model already "knows how" — unbiased pass@k on val above a threshold.
 
+It also reports the external guard (never deciding): the base and SFT models each answer ``gate.external_problems``
+HumanEval problems greedily; the paired change, its interval and one-sided p of "SFT is worse" are ``external`` in
+data/gate/metrics.json — the in-family gate can pass while general ability falls (issue 23).
+
 A failed gate exits non-zero with a message that names the figure, the threshold and what to do next; the MLflow run
 is tagged ``gate=failed``; `didpo run` stops and no later stage runs.
 """
@@ -10,12 +14,22 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.base_model import CHECKPOINT as BASE
 from flows.sft import OUT as SFT_OUT
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
-from tasks.measure import gate_verdict, make_sampler, make_verifier, measure_split, read_problems, resolve_engine
+from tasks.measure import (
+    external_change,
+    gate_verdict,
+    greedy_results,
+    make_sampler,
+    make_verifier,
+    measure_split,
+    read_problems,
+    resolve_engine,
+)
 
 OUT = Path("data/gate")
 METRICS = OUT / "metrics.json"
@@ -31,20 +45,33 @@ def run(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     cfg = params.gate
     merged = SFT_OUT / "merged"
-    with tracking.stage_run("gate", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(merged))):
-        model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
+    inputs = (str(VALID_PROBLEMS), str(merged), str(BASE))
+    with tracking.stage_run("gate", params.tracking, cfg, inputs=inputs):
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
+        external = read_problems(VALID_PROBLEMS, "humaneval", cfg.external_problems)
         engine = resolve_engine(cfg.engine, cfg.precision, "gate")
-        sampler = make_sampler(merged, tokenizer, engine)
         with make_verifier(params.verifier) as verifier:
+            passes = {}
+            for name, path in (("base", BASE), ("sft", merged)):
+                model, tokenizer = load_policy(path, dtype=params.base_model.dtype)
+                sampler = make_sampler(path, tokenizer, engine)
+                out = OUT / f"external_{name}.jsonl"
+                results = greedy_results(
+                    model, tokenizer, external, cfg.max_new_tokens, cfg.seed, verifier, out, sampler
+                )
+                passes[name] = [r.pass_at(1) for r in results]
             metrics = measure_split(
                 model, tokenizer, problems, cfg, verifier, OUT, "val", greedy=False, sampler=sampler
             )
         verdict = gate_verdict(metrics, cfg)
         metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed, "engine": "/".join(engine)}
+        if external:
+            metrics["external"] = external_change(passes["base"], passes["sft"], seed=cfg.seed)
         write_json(metrics, METRICS)
         tracking.log_artifacts(OUT, artifact_path="gate")
-        tracking.mlflow_emit({f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}, step=0)
+        flat = {f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
+        flat |= {f"gate/external/{k}": v for k, v in metrics.get("external", {}).items() if isinstance(v, int | float)}
+        tracking.mlflow_emit(flat, step=0)
         mlflow.set_tag("gate", "passed" if verdict.passed else "failed")
         verdict.raise_if_failed()
     return metrics

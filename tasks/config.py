@@ -147,6 +147,9 @@ class GateConfig:
     n_samples ≥ k answers per val problem at ``temperature``/``top_p``; the unbiased pass@k must exceed ``threshold``,
     else the pipeline stops before any preference or RL stage. val_problems: how many val problems (0 = all).
     engine, precision: as ``baseline``'s (the engine that ran is in data/gate/metrics.json).
+    external_problems: the external guard, reported and never deciding: the base and SFT models each answer this
+    many HumanEval problems greedily (0 = all 164) with ``max_new_tokens``; the paired change SFT − base, its
+    interval, MDE and one-sided p of "SFT is worse" go into data/gate/metrics.json (``external``).
     """
 
     n_samples: int = Field(default=16, ge=1)
@@ -156,6 +159,7 @@ class GateConfig:
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=256, ge=16)
     val_problems: int = Field(default=20, ge=0)
+    external_problems: int = Field(default=0, ge=0)
     seed: int = 0
     engine: Literal["openvino", "torch"] = "openvino"
     precision: Literal["f32", "bf16"] = "f32"

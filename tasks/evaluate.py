@@ -67,6 +67,10 @@ class EvaluateConfig:
             after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
             80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py).
         test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
+        humaneval_greedy: HumanEval is the *external guard* (problems not generated here, unlike val and test's
+            in-family ones): one greedy answer per problem (deterministic, 4× cheaper than n = 4), so pass@1 per
+            problem is 0 or 1 and only pass@1 is reported for it; False samples it like val. Process metrics
+            (consistency, recovery) need sampling and are skipped on a greedy split.
         n_samples: answers per problem (≥ 2); pass@k is reported for k ≤ n / 2.
         temperature, top_p: sampling distribution of every answer and continuation.
         max_new_tokens: generation budget per answer and per recovery continuation (tokens).
@@ -89,6 +93,7 @@ class EvaluateConfig:
     val_per_family: int = 4
     test_problems: int = 6
     humaneval_problems: int = 6
+    humaneval_greedy: bool = True
     n_samples: int = 4
     temperature: float = 0.8
     top_p: float = 0.95
@@ -127,6 +132,25 @@ class EvaluateConfig:
     def ks(self) -> tuple[int, ...]:
         """The k of pass@k reported: those with ``n_samples >= 2k``."""
         return tuple(k for k in KS if self.n_samples >= 2 * k)
+
+    def greedy(self, split: str) -> bool:
+        """Whether `split` is answered greedily (the external guard, `humaneval_greedy`)."""
+        return split == "humaneval" and self.humaneval_greedy
+
+    def sampling(self, split: str):
+        """The `models.sampling.SamplingConfig` of `split`'s answers: one greedy answer for a greedy split, else
+        ``n_samples`` at the protocol's temperature and top-p."""
+        from models.sampling import SamplingConfig
+
+        if self.greedy(split):
+            return SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens, seed=self.seed)
+        return SamplingConfig(
+            n=self.n_samples,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+        )
 
 
 def protocol_problems(val_rows: Sequence[dict], skip: int, per_family: int) -> list[dict]:
@@ -174,6 +198,7 @@ def protocol_record(cfg: EvaluateConfig, problems: dict[str, list[dict]], engine
             p["task_id"]: str(p.get("family") or p.get("source") or "unknown") for r in problems.values() for p in r
         },
         "n_samples": cfg.n_samples,
+        "greedy_splits": [split for split in problems if cfg.greedy(split)],
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
         "max_new_tokens": cfg.max_new_tokens,
@@ -239,28 +264,23 @@ def sandbox_checker(verifier):
 
 
 def evaluate_split(
-    model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier, sampler=None
+    model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier, sampler=None, split: str = "val"
 ) -> tuple[dict, list]:
     """Every metric of one split (see the module docstring); returns ``(metrics, results)`` with the per-problem
-    `models.evaluation.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch)."""
+    `models.evaluation.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
+    ``split``: its name (`EvaluateConfig.sampling`: a greedy split gets one answer per problem, pass@1 only and
+    no process metrics)."""
     from models.evaluation import sample_and_verify, summarise
     from models.process_metrics import decision_consistency, error_recovery, make_continuer
-    from models.sampling import SamplingConfig
 
-    sampling = SamplingConfig(
-        n=cfg.n_samples,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-    )
-    metrics: dict = {"n_problems": len(problems), "n_samples": cfg.n_samples}
+    sampling, greedy = cfg.sampling(split), cfg.greedy(split)
+    metrics: dict = {"n_problems": len(problems), "n_samples": sampling.n, "greedy": greedy}
     if not problems:
         return metrics, []
     results = sample_and_verify(model, tokenizer, problems, sampling, verifier, sampler=sampler)
-    metrics.update(summarise(results, cfg.ks()))
+    metrics.update(summarise(results, (1,) if greedy else cfg.ks()))
     metrics.update(answer_metrics(problems, results))
-    subset = list(problems[: cfg.process_problems])
+    subset = [] if greedy else list(problems[: cfg.process_problems])
     if subset:
         continuer = make_continuer(model, tokenizer, sampling)
         consistency = decision_consistency(subset, continuer, cfg.process_prefixes, cfg.consistency_samples)
@@ -305,7 +325,7 @@ def evaluate_checkpoint(
         out["export_seconds"] = time.perf_counter() - started
     per_problem: dict[str, list[float]] = {}
     for split, rows in problems.items():
-        out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier, sampler)
+        out[split], results = evaluate_split(model, tokenizer, rows, cfg, verifier, sampler, split)
         per_problem[split] = [r.pass_at(1) for r in results]
         write_results(results, samples_dir / f"{split}.jsonl")
     out["seconds"] = time.perf_counter() - started
@@ -359,10 +379,12 @@ def comparison_table(metrics: dict) -> dict[str, list]:
 def pass1_deltas(
     per_problem: dict[str, dict[str, list[float]]], families: dict[str, list[str]] | None = None, seed: int = 0
 ) -> dict:
-    """pass@1 change between consecutive checkpoints, each with the paired test of the promotion rule.
+    """pass@1 change between consecutive checkpoints, and of every later checkpoint against the base model (the
+    external guard's question: did training cost general ability?), each with the paired test of the promotion rule.
 
     per_problem: ``{checkpoint: {split: [pass@1 of each problem]}}`` in pipeline order (the same problems for every
-    checkpoint); families: ``{split: [family of each problem]}`` for the cluster check. Returns
+    checkpoint; "base" first when present); families: ``{split: [family of each problem]}`` for the cluster check.
+    Returns
     ``{"<before>_to_<after>": {split: {"delta", "low", "high", "confidence", "p_value", "method", "mde", "sd",
     "n_problems", "n_discordant", "cluster_p", "n_clusters"}}}`` (`models.significance.paired_test`, one-sided:
     "after is better"); a split with no problems is left out.
@@ -370,8 +392,11 @@ def pass1_deltas(
     from models.significance import paired_test
 
     names = list(per_problem)
+    pairs = list(itertools.pairwise(names))
+    if "base" in names:
+        pairs += [("base", name) for name in names[2:] if name != "base"]
     out: dict = {}
-    for before, after in itertools.pairwise(names):
+    for before, after in pairs:
         pair = {}
         for split, scores in per_problem[before].items():
             if scores and split in per_problem[after]:
@@ -398,7 +423,7 @@ def pass1_deltas(
 def deltas_markdown(deltas: dict) -> str:
     """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, p, MDE, problems)."""
     out = [
-        "## pass@1 change between consecutive checkpoints",
+        "## pass@1 change between consecutive checkpoints, and against the base model",
         "",
         "Δ = mean over problems of pass@1(after) − pass@1(before); interval: paired t, never narrower than the "
         'Clopper–Pearson bound for no changed problem; p: one-sided paired sign-flip test of "after is better"; '

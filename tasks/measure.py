@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,51 @@ def measure_split(
     write_results(results, out / f"{split}_samples.jsonl")
     metrics.update(summarise(results, ks=sorted({1, 5, 10, cfg.k} & set(range(1, cfg.n_samples + 1)))))
     return metrics
+
+
+def greedy_results(model, tokenizer, problems, max_new_tokens: int, seed: int, verifier, out: Path, sampler=None):
+    """One greedy answer per problem (temperature 0, at most `max_new_tokens` tokens), verified; the per-problem
+    `models.evaluation.ProblemResult` list, also written to `out` (JSONL)."""
+    from models.evaluation import sample_and_verify
+    from models.sampling import SamplingConfig
+
+    one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
+    results = sample_and_verify(model, tokenizer, problems, one, verifier, sampler=sampler) if problems else []
+    write_results(results, out)
+    return results
+
+
+def external_change(base: Sequence[float], trained: Sequence[float], seed: int = 0) -> dict:
+    """The external guard's paired change of one trained checkpoint against the base model on the same problems.
+
+    Args:
+        base, trained: pass@1 of each problem (same order), e.g. 0/1 of a greedy answer.
+
+    Returns:
+        ``n_problems``, ``base_pass@1``, ``pass@1``, ``delta`` (mean of trained − base), ``low``/``high`` (its 95%
+        interval, `models.significance.paired_test`), ``mde`` (None below 2 problems), ``n_discordant``,
+        ``p_better`` and ``p_worse`` (one-sided paired sign-flip p of "trained is better" / "trained is worse").
+
+    Raises:
+        ValueError: no problems, or lists of different lengths.
+    """
+    from models.significance import paired_test
+
+    if not base or len(base) != len(trained):
+        raise ValueError(f"need the same non-empty problems on both sides, got {len(base)} and {len(trained)}")
+    better, worse = paired_test(base, trained, seed=seed), paired_test(trained, base, seed=seed)
+    return {
+        "n_problems": len(base),
+        "base_pass@1": sum(base) / len(base),
+        "pass@1": sum(trained) / len(trained),
+        "delta": better.effect,
+        "low": better.low,
+        "high": better.high,
+        "mde": better.mde if better.mde == better.mde else None,  # NaN (below 2 problems) is not JSON
+        "n_discordant": better.n_discordant,
+        "p_better": better.p_value,
+        "p_worse": worse.p_value,
+    }
 
 
 class GateFailed(RuntimeError):

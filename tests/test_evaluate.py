@@ -114,6 +114,40 @@ def test_pass1_deltas_between_consecutive_checkpoints():
     assert "| sft → dpo | humaneval | -0.250 | [-1.225, +0.725] | 1.0000 | – | 1 (1) |" in md
 
 
+def test_pass1_deltas_also_compare_every_later_checkpoint_with_base():
+    per_problem = {
+        "base": {"humaneval": [1.0, 1.0, 0.0, 0.0, 0.0]},
+        "sft": {"humaneval": [1.0, 0.0, 0.0, 0.0, 0.0]},
+        "dpo": {"humaneval": [0.0, 0.0, 0.0, 0.0, 0.0]},
+        "rl": {"humaneval": [0.0, 0.0, 1.0, 0.0, 0.0]},
+    }
+    deltas = pass1_deltas(per_problem)
+    assert list(deltas) == ["base_to_sft", "sft_to_dpo", "dpo_to_rl", "base_to_dpo", "base_to_rl"]
+    to_dpo = deltas["base_to_dpo"]["humaneval"]
+    # two problems lost of five: Δ -0.4; "dpo is better" holds in 1 of the 4 sign patterns of the two losses
+    assert (to_dpo["delta"], to_dpo["n_discordant"], to_dpo["p_value"]) == (-0.4, 2, 1.0)
+    to_rl = deltas["base_to_rl"]["humaneval"]  # two lost, one gained: Δ -0.2, 3 changed
+    assert (to_rl["delta"], to_rl["n_discordant"]) == (pytest.approx(-0.2), 3)
+    # the one-sided p of "rl is better": sign patterns of the 3 changed problems with a sum >= -1 (the observed):
+    # +3 (1 pattern), +1 (3), -1 (3) of 8
+    assert to_rl["p_value"] == 0.875
+
+
+def test_the_external_guard_is_greedy_and_reports_pass1_only():
+    cfg = EvaluateConfig(n_samples=4, temperature=0.8)
+    greedy, sampled = cfg.sampling("humaneval"), cfg.sampling("val")
+    assert (greedy.n, greedy.temperature, greedy.max_new_tokens) == (1, 0.0, cfg.max_new_tokens)
+    assert (sampled.n, sampled.temperature, sampled.top_p) == (4, 0.8, cfg.top_p)
+    assert cfg.greedy("humaneval") and not cfg.greedy("val") and not cfg.greedy("test")
+    assert not EvaluateConfig(humaneval_greedy=False).greedy("humaneval")
+    record = protocol_record(cfg, {"val": [], "humaneval": []}, ("torch", "f32"))
+    assert record["greedy_splits"] == ["humaneval"]
+    assert (
+        record["id"]
+        != protocol_record(EvaluateConfig(humaneval_greedy=False), {"val": [], "humaneval": []}, ("torch", "f32"))["id"]
+    )
+
+
 def test_protocol_problems_are_stratified_and_disjoint_from_selection():
     rows = [{"task_id": f"{fam}/{i}", "family": fam} for i in range(6) for fam in ("b", "a")]
     chosen = protocol_problems(rows, skip=4, per_family=2)
@@ -180,3 +214,19 @@ def test_evaluate_split_on_a_tiny_model_in_the_sandbox():
     assert metrics["recovery_prefixes"] == 1
     clean = metrics["recovery_clean_pass_rate"]
     assert (metrics["recovery"] is None) == (clean == 0.0)
+
+
+def test_external_change_against_base_by_hand():
+    from tasks.measure import external_change
+
+    # greedy passes on five external problems: base solves 3, the trained model keeps 1 and loses 2
+    change = external_change([1, 1, 1, 0, 0], [1, 0, 0, 0, 0])
+    assert (change["n_problems"], change["base_pass@1"], change["pass@1"]) == (5, 0.6, 0.2)
+    assert (change["delta"], change["n_discordant"]) == (pytest.approx(-0.4), 2)
+    # diffs (0, -1, -1, 0, 0): sd sqrt(0.3); t(0.975, 4) = 2.776445 → half-width 2.776445 · sqrt(0.3) / sqrt(5)
+    assert change["low"] == pytest.approx(-0.4 - 0.680087, abs=1e-6)
+    assert change["high"] == pytest.approx(-0.4 + 0.680087, abs=1e-6)
+    # "worse": both losses flipped to gains is 1 of 4 sign patterns as extreme; "better" holds in all 4
+    assert (change["p_worse"], change["p_better"]) == (0.25, 1.0)
+    with pytest.raises(ValueError, match="same non-empty problems"):
+        external_change([1, 0], [1])
