@@ -784,3 +784,29 @@ def test_v2_config_checks_name_the_key():
         RLConfig(screen_samples=0)
     assert RLConfig(screen_samples=0, reward=ProcessRewardConfig(control="group")).uses_critic is False
     assert RLConfig(critic=True).uses_critic and not RLConfig(algo="grpo", critic=True).uses_critic
+
+
+def test_the_stage_task_checks_the_budget_then_writes_the_pool(tmp_path, monkeypatch):
+    """`tasks.rl.run_rl` (the stage's work, MLflow stubbed): a budget below the SFT answers' p90 is refused before
+    anything is trained or written; otherwise the screened pool lands at the stage's pool path and its summary in the
+    metrics."""
+    import tasks.rl
+
+    monkeypatch.setattr(tasks.rl, "mlflow_emit", lambda metrics, step: None)
+    model, tok = build_tiny_causal_lm(0)
+    model.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    problems = PROBLEMS[:2]
+    p90 = models.rl.sft_answer_p90_tokens(tok, problems)
+    cfg = RLConfig(**dict(BASE, steps=1, group_size=2, minibatch_size=2, max_new_tokens=p90 - 1))
+    out, rollouts, pool = tmp_path / "out", tmp_path / "rl/rollouts.jsonl", tmp_path / "rl/pool.json"
+    with pytest.raises(ValueError, match="below the p90 length of the SFT answers"):
+        tasks.rl.run_rl.fn(tmp_path / "policy", "float32", problems, cfg, IndexVerifier(), out, rollouts, pool)
+    assert not out.exists() and not pool.exists()
+    cfg = dataclasses.replace(cfg, max_new_tokens=p90)
+    metrics, history = tasks.rl.run_rl.fn(
+        tmp_path / "policy", "float32", problems, cfg, IndexVerifier(), out, rollouts, pool
+    )
+    written = json.loads(pool.read_text())
+    assert written["pool_size"] == metrics["pool/pool_size"] == 2 and len(written["entries"]) == 2
+    assert metrics["pool/screened"] == 2 and len(history) == 1 and rollouts.is_file()
