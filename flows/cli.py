@@ -78,7 +78,21 @@ def run(
     except ConfigError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
+    if params.resolve() != Path("params.yaml").resolve():
+        # dvc.yaml's stages run `didpo stage <name>`, which reads ./params.yaml, and DVC tracks ./params.yaml: another
+        # file here would be validated and then ignored by every stage
+        typer.secho(
+            f"--params {params}: `didpo run` runs the DVC stages, which read ./params.yaml; copy it there, or change "
+            "single values with `dvc exp run -S <section>.<key>=<value>`",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
     selected = [s.strip() for s in stages.split(",") if s.strip()] or None
+    unknown = [s for s in selected or () if s not in STAGES]
+    if unknown:
+        typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(STAGES)}", fg="red", err=True)
+        raise typer.Exit(2)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
         try:

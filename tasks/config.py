@@ -250,14 +250,15 @@ def parse_params(raw: dict[str, Any] | None, source: str = "params.yaml") -> Par
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate params.yaml (see :func:`parse_params`); a missing file means all defaults.
+    """Read and validate params.yaml (see :func:`parse_params`). An empty file means all defaults; a missing one is
+    an error (a typo in a path must not silently run the defaults).
 
     Raises:
-        ConfigError: the YAML is malformed or a value is invalid.
+        ConfigError: no such file, the YAML is malformed or a value is invalid.
     """
     path = Path(path)
-    if not path.exists():
-        return Params()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such params file (run from the project root, where params.yaml is)")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
