@@ -837,18 +837,18 @@ def ppo_losses(
     policy: bool = True,
     scale: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The total loss of one minibatch, L = L_PG + c_vf·L_VF − c_ent·H [+ β·KL] (DIDPO.md, "Loss").
+    """The total loss of one minibatch, L = L_PG + c_vf·L_VF − c_ent·H [+ β·KL] (DIDPO.md, "Loss"); rft: the NLL.
 
     L_PG is `models.rl_losses.grpo_loss`: per-sequence means averaged over sequences for grpo (TRL's
-    ``loss_type="grpo"``), token-level for dapo and didpo (``"dapo"``); grpo/dapo's KL term is aggregated the same
-    way (TRL adds β·k3 to the per-token loss before aggregating).
+    ``loss_type="grpo"``), token-level for dapo and didpo (``"dapo"``); the critic-free KL term is aggregated the
+    same way (TRL adds β·k3 to the per-token loss before aggregating).
 
     Args:
         per_token_logps: (B, T) log π_θ of the completion tokens (with gradient).
-        logits: (B, T, V) float32 logits of the completion positions (for the entropy).
-        values: (B, T) the value head's predictions (didpo) or None.
+        logits: (B, T, V) float32 logits / T of the completion positions (for the entropy).
+        values: (B, T) the value head's predictions (critic) or None.
         minibatch: `build_batch` tensors plus ``advantages`` (B, T), and with a critic ``old_values`` and
-            ``returns`` (B, T), and with grpo/dapo's KL ``ref_per_token_logps`` (B, T).
+            ``returns`` (B, T), and with a critic-free KL term ``ref_per_token_logps`` (B, T).
         cfg: coefficients, clip ranges and the algorithm.
         policy: False = critic warm-up: the value loss alone.
         scale: data parallelism: ``(token_weight, sequence_weight)`` = this process's share of the global
@@ -859,7 +859,8 @@ def ppo_losses(
 
     Returns:
         ``(loss, stats)``: stats ``pg_loss``, ``entropy``, ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``,
-        ``ratio_mean``, ``kl_ref`` (grpo/dapo with β > 0), ``vf_loss``, ``vf_clip_frac`` (with a critic), as floats.
+        ``ratio_mean``, ``kl_ref`` (critic-free, β > 0), ``vf_loss``, ``vf_clip_frac`` (with a critic), as floats;
+        rft: ``pg_loss`` (the NLL) and ``entropy``.
     """
     from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
 
