@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
+import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import typer
 
@@ -38,13 +42,21 @@ def _stage_flow(name: str):
     return importlib.import_module(f"flows.{name}").run
 
 
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextmanager
 def _prefect_api():
     """One Prefect API for a whole run: the user's (``PREFECT_API_URL``) or one local server started here.
 
     Stage processes inherit ``PREFECT_API_URL``, so every stage flow run lands in the same database and UI, and no
-    temporary server is started per stage.
+    temporary server is started per stage. The local server runs in its own session, so a Ctrl-C in the terminal
+    reaches the run and not the API it reports to: the interrupted flow runs are marked as crashed, and the server is
+    stopped after them (Prefect's own temporary server sits in the terminal's process group, dies with the Ctrl-C, and
+    its clients then retry for minutes). SIGTERM is handled as a Ctrl-C.
     """
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
@@ -52,7 +64,9 @@ def _prefect_api():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = SubprocessASGIServer()
-    server.start(timeout=120)
+    # SubprocessASGIServer has no option for the session; its Popen is given one only while it starts
+    with mock.patch.object(subprocess, "Popen", functools.partial(subprocess.Popen, start_new_session=True)):
+        server.start(timeout=120)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
@@ -100,6 +114,14 @@ def run(
         except StageFailed as exc:
             typer.secho(f"pipeline stopped: {exc}", fg="red", err=True)
             raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.secho(
+                "pipeline interrupted: the running stage was stopped; `didpo run` again resumes (finished stages are "
+                "skipped, training continues from its last checkpoint)",
+                fg="red",
+                err=True,
+            )
+            raise typer.Exit(130) from None
     typer.echo(f"pipeline: done ({', '.join(ran)}). See `didpo ui` to browse the runs.")
 
 
@@ -119,7 +141,8 @@ def stage(
 
     try:
         load_params(params)  # a bad params.yaml stops here, before any flow run or server starts
-        _stage_flow(name)(params_path=str(params))
+        with _prefect_api():  # under `didpo run` its API; under a bare `dvc repro` a server of its own
+            _stage_flow(name)(params_path=str(params))
     except ConfigError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None

@@ -7,8 +7,11 @@ what is up to date. A failing stage (a failed gate included) stops the flow; not
 
 from __future__ import annotations
 
+import contextlib
 import graphlib
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -69,16 +72,47 @@ def stage_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     return order
 
 
+# How long an interrupted stage gets to stop by itself (its flow and MLflow runs marked, DVC's lock released) before
+# it is terminated, then killed.
+STOP_GRACE_S = 60.0
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> int:
+    """Stop `proc` and its process group as a Ctrl-C would: SIGINT (DVC ignores it while a stage runs and the stage's
+    command receives it), then SIGTERM after `grace_s`, then SIGKILL after 10 s more. A second Ctrl-C while waiting
+    kills the group at once. Returns the exit status."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        except KeyboardInterrupt:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    return proc.wait()
+
+
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
-    """``dvc repro --single-item NAME`` (its own output streams to the console).
+    """``dvc repro --single-item NAME`` (its own output streams to the console), in its own process group: a Ctrl-C
+    (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only once it has stopped.
 
     Raises:
         StageFailed: the stage's command exited non-zero.
+        KeyboardInterrupt: interrupted (after the stage stopped).
     """
-    result = subprocess.run(["dvc", "repro", "--single-item", name])
-    if result.returncode != 0:
-        raise StageFailed(f"stage '{name}' failed (exit {result.returncode}); later stages were not run")
+    proc = subprocess.Popen(["dvc", "repro", "--single-item", name], start_new_session=True)
+    try:
+        returncode = proc.wait()
+    except KeyboardInterrupt:
+        stop_process_group(proc)
+        raise
+    if returncode != 0:
+        raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
 
 
 @task(retries=3, retry_delay_seconds=[2, 10, 30])

@@ -626,6 +626,8 @@ def train_sft(
         restore_rng_state(ckpt.objects["rng"], {"data": order.generator})
         step, stopped_early, history = ckpt.step, ckpt.state["stopped_early"], ckpt.state["history"]
         best_weights = ckpt.tensors.get("best")
+        if dp.is_main:
+            tqdm.write(f"sft: resumed from {latest} (step {step} of {total_steps})")
 
     def record(metrics: dict, at: int) -> None:
         history.append({"step": at, **metrics})

@@ -305,3 +305,62 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stale = set(json.loads(sh(["dvc", "status", "--json"], root, env).stdout))
     assert stale == {"gate", "dpo"}, stale
+
+
+def _flow_run_states(root: Path) -> list[tuple[str, str]]:
+    """(flow name, state type) of every flow run in the project's Prefect database (`didpo run`'s own server)."""
+    import sqlite3
+
+    with sqlite3.connect(root / ".prefect" / "prefect.db") as db:
+        rows = db.execute("SELECT flow.name, flow_run.state_type FROM flow_run JOIN flow ON flow.id = flow_run.flow_id")
+        return [(name, str(state)) for name, state in rows]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
+    """A Ctrl-C (SIGINT to `didpo run`'s process group, as a terminal sends it) during SFT: the run stops within
+    seconds with no retry storm against a dead API, the flow runs end crashed (none left Running), DVC's lock is
+    released, and the next `didpo run` skips the finished stages and resumes SFT from its last checkpoint."""
+    import signal
+    import time
+
+    root, env = project
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["sft"].update(
+        max_steps=2000, batch_size=2, grad_accum_steps=1, eval_every=0, checkpoint_every=10, max_seq_len=2048
+    )
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stages = "base_model,prepare,simulate_logs,validate,sft"
+    command = [str(BIN / "didpo"), "run", "--no-push", "--stages", stages]
+    log = tmp_path / "interrupted.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        checkpoints = root / "data/checkpoints/sft/checkpoints"
+        deadline = time.monotonic() + 600
+        while not list(checkpoints.glob("checkpoint-*")):  # SFT has trained and saved at least once
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "SFT never wrote a checkpoint"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        returncode = proc.wait(timeout=120)
+    stopped_in = time.monotonic() - interrupted
+    text = log.read_text()
+    assert returncode == 130, text[-4000:]
+    assert stopped_in < 60, f"took {stopped_in:.0f} s to stop"
+    assert "pipeline interrupted" in text
+    assert "ConnectError" not in text and "All connection attempts failed" not in text
+    states = _flow_run_states(root)
+    assert not [s for s in states if s[1] in ("RUNNING", "PENDING")], states
+    assert ("sft", "CRASHED") in states and ("pipeline", "CRASHED") in states, states
+    assert "sft" in sh(["dvc", "status", "sft"], root, env).stdout  # answers at once: no lock left behind
+    step = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
+    assert 0 < step < 2000
+
+    rerun = sh(command, root, env)
+    output = rerun.stdout + rerun.stderr
+    assert "Stage 'prepare' didn't change, skipping" in output
+    assert f"sft: resumed from data/checkpoints/sft/checkpoints/checkpoint-{step:08d} (step {step} of 2000)" in output
+    assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 2000
