@@ -2,7 +2,9 @@
 champion on val, test and HumanEval, side by side, under one evaluation protocol (tasks/evaluate.py).
 
 The val problems are the protocol's (``evaluate.val_per_family`` per family, after the val problems the gate, SFT,
-DPO and the baseline use); every checkpoint answers the same problems with the same seeds. The champion is
+DPO and the baseline use); every checkpoint answers the same problems with the same seeds. HumanEval is the external
+guard (problems not generated here): one greedy answer per problem (``evaluate.humaneval_greedy``), and every trained
+checkpoint's paired change against the base model is in deltas.json. The champion is
 downloaded from the MLflow registry into a temporary folder and measured like the others, so the register stage
 compares figures of one run. data/evaluate/protocol.json is the protocol; per_problem.json holds every checkpoint's
 per-problem pass@1 for the paired tests.
