@@ -1,6 +1,7 @@
 """The external guard on a run's checkpoints: greedy pass@1 on HumanEval and the paired change against the base model.
 
-    .venv/bin/python scripts/external_guard.py [--root .] [--problems 0] [--out docs/results/external_guard.json]
+    .venv/bin/python scripts/external_guard.py [--root .] [--params params.yaml] [--problems 0]
+        [--out docs/results/external_guard.json]
 
 What the gate (``external``) and the evaluate stage (the ``humaneval`` split, ``evaluate.humaneval_greedy``) measure,
 for every checkpoint of a finished run at once: the base model and each present trained checkpoint
@@ -22,6 +23,7 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="the project whose data/ holds the checkpoints")
+    parser.add_argument("--params", default="params.yaml", help="evaluate (token budget, engine) and verifier settings")
     parser.add_argument("--problems", type=int, default=0, help="first HumanEval problems (0 = all 164)")
     parser.add_argument("--out", default="docs/results/external_guard.json")
     args = parser.parse_args()
@@ -35,7 +37,7 @@ def main() -> None:
     from tasks.prepare import humaneval_problems
 
     root = Path(args.root)
-    params = load_params(root / "params.yaml")
+    params = load_params(args.params)
     cfg = params.evaluate
     problems = humaneval_problems.fn()[: args.problems or None]
     engine = resolve_engine(cfg.engine, cfg.precision, "external guard")
