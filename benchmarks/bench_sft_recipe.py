@@ -6,7 +6,8 @@ Needs the converted base model (``dvc repro base_model``) and the prepared probl
 on every arm: the same LoRA (r 16, α 32, every projection, initialised from one seed), the same micro-batches (the
 first train examples in file order, 2 micro-batches of 4 = one optimizer step of the default recipe, padded to each
 micro-batch's longest example, loss on the answer tokens, `models.sft.answer_nll`), forward + backward, 2 threads.
-The arms alternate within each repeat and every repeat uses new micro-batches (the same ones on every arm).
+The arms alternate within each repeat, in reversed order every other repeat (the first arm to meet a repeat's new
+micro-batch shapes pays the allocator's warm-up), and every repeat uses new micro-batches (the same ones on every arm).
 
 Same work is checked first: with dropout off (eval mode) the arms' losses on the first micro-batch must agree
 (fp32 arms exactly, the bf16 arm within 1e-3 relative) — ``CHECK same_loss=ok``, else ``FAIL`` and exit 1. The
@@ -80,7 +81,8 @@ def main() -> None:
     for rep in range(args.repeats):
         micro = [collate(examples[8 * rep + 4 * i : 8 * rep + 4 * i + 4], pad) for i in range(2)]
         tokens = sum(int(b["attention_mask"].sum()) for b in micro)
-        for name, (_, bf16) in arms.items():
+        order = list(arms.items()) if rep % 2 == 0 else list(arms.items())[::-1]  # ABBA: who runs first alternates
+        for name, (_, bf16) in order:
             model = models[name]
             model.train()
             started = time.perf_counter()
