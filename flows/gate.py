@@ -51,22 +51,29 @@ def run(params_path: str = "params.yaml") -> dict:
         external = read_problems(VALID_PROBLEMS, "humaneval", cfg.external_problems)
         engine = resolve_engine(cfg.engine, cfg.precision, "gate")
         with make_verifier(params.verifier) as verifier:
-            passes = {}
-            for name, path in (("base", BASE), ("sft", merged)):
-                model, tokenizer = load_policy(path, dtype=params.base_model.dtype)
-                sampler = make_sampler(path, tokenizer, engine)
+
+            def external_passes(name, model, tokenizer, sampler):
                 out = OUT / f"external_{name}.jsonl"
                 results = greedy_results(
                     model, tokenizer, external, cfg.max_new_tokens, cfg.seed, verifier, out, sampler
                 )
-                passes[name] = [r.pass_at(1) for r in results]
+                return [r.pass_at(1) for r in results]
+
+            base_model, base_tokenizer = load_policy(BASE, dtype=params.base_model.dtype)
+            base_passes = external_passes(
+                "base", base_model, base_tokenizer, make_sampler(BASE, base_tokenizer, engine)
+            )
+            del base_model
+            model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
+            sampler = make_sampler(merged, tokenizer, engine)
+            sft_passes = external_passes("sft", model, tokenizer, sampler)
             metrics = measure_split(
                 model, tokenizer, problems, cfg, verifier, OUT, "val", greedy=False, sampler=sampler
             )
         verdict = gate_verdict(metrics, cfg)
         metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed, "engine": "/".join(engine)}
         if external:
-            metrics["external"] = external_change(passes["base"], passes["sft"], seed=cfg.seed)
+            metrics["external"] = external_change(base_passes, sft_passes, seed=cfg.seed)
         write_json(metrics, METRICS)
         tracking.log_artifacts(OUT, artifact_path="gate")
         flat = {f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
