@@ -1,5 +1,7 @@
 """Stage ``evaluate``: every checkpoint present (base, SFT, DPO, RL; ``evaluate.checkpoints``) and the registry's
-champion on val, test and HumanEval, side by side, under one evaluation protocol (tasks/evaluate.py).
+champion on val, test, the held-out families and HumanEval, side by side, under one evaluation protocol
+(tasks/evaluate.py). val and test are in-family (unseen variants of trained tasks), ``heldout`` holds whole families
+never trained on (``prepare.heldout_families``), HumanEval is external.
 
 The val problems are the protocol's (``evaluate.val_per_family`` per family, after the val problems the gate, SFT,
 DPO and the baseline use); every checkpoint answers the same problems with the same seeds. HumanEval is the external

@@ -23,6 +23,7 @@ from models.selfplay import SelfplayConfig
 from models.sft import SFTConfig
 from tasks.evaluate import EvaluateConfig
 from tasks.mine import MineConfig
+from tasks.problem_families import FAMILIES
 from tasks.registry import RegisterConfig
 
 _STRICT = ConfigDict(extra="forbid")
@@ -55,6 +56,8 @@ class PrepareConfig:
     val_frac / test_frac: fractions of variant groups held out (split by group, never by sample).
     include_humaneval: import HumanEval's 164 problems as the evaluation-only ``humaneval`` split.
     user_problems: extra JSONL files in the problem schema (data/README.md); their rows keep a ``split`` if given.
+    heldout_families: generated families held out whole as the evaluation-only ``heldout`` split (never trained on,
+        not in val or test): in-family figures measure unseen variants, these measure unseen tasks.
     """
 
     seed: int = 0
@@ -63,6 +66,15 @@ class PrepareConfig:
     test_frac: float = Field(default=0.1, gt=0.0, lt=0.5)
     include_humaneval: bool = True
     user_problems: tuple[str, ...] = ()
+    heldout_families: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        known = [family.name for family in FAMILIES]
+        unknown = [name for name in self.heldout_families if name not in known]
+        if unknown:
+            raise ValueError(f"prepare.heldout_families: {unknown} are not generated families; known: {known}")
+        if len(set(self.heldout_families)) >= len(known):
+            raise ValueError("prepare.heldout_families holds out every family: nothing is left to train on")
 
 
 @dataclass(frozen=True, config=_STRICT)

@@ -38,7 +38,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 KS = (1, 2, 5, 10, 16)
-SPLITS = ("val", "test", "humaneval")
+SPLITS = ("val", "test", "heldout", "humaneval")
 CHECKPOINT_NAMES = ("base", "sft", "dpo", "rl")  # pipeline order
 TABLE_COLUMNS = (
     "pass@1",
@@ -67,6 +67,9 @@ class EvaluateConfig:
             after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
             80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py).
         test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
+        heldout_per_family: problems measured per held-out family (``prepare.heldout_families``: generated families
+            never trained on), in file order; 0 = all. In-family figures (val, test) measure unseen variants of
+            trained tasks, these unseen tasks of the same kind, HumanEval unseen tasks of another kind.
         humaneval_greedy: HumanEval is the *external guard* (problems not generated here, unlike val and test's
             in-family ones): one greedy answer per problem (deterministic, 4× cheaper than n = 4), so pass@1 per
             problem is 0 or 1 and only pass@1 is reported for it; False samples it like val. Process metrics
@@ -92,6 +95,7 @@ class EvaluateConfig:
 
     val_per_family: int = 4
     test_problems: int = 6
+    heldout_per_family: int = 4
     humaneval_problems: int = 6
     humaneval_greedy: bool = True
     n_samples: int = 4
@@ -116,7 +120,7 @@ class EvaluateConfig:
         if unknown or not self.checkpoints:
             allowed, got = list(CHECKPOINT_NAMES), list(self.checkpoints)
             raise ValueError(f"evaluate.checkpoints must be a non-empty subset of {allowed}, got {got}")
-        for name in ("val_per_family", "test_problems", "humaneval_problems", "process_problems"):
+        for name in ("val_per_family", "test_problems", "heldout_per_family", "humaneval_problems", "process_problems"):
             if getattr(self, name) < 0:
                 raise ValueError(f"evaluate.{name} must be >= 0, got {getattr(self, name)}")
         if self.n_samples < 2:
@@ -172,12 +176,14 @@ def protocol_problems(val_rows: Sequence[dict], skip: int, per_family: int) -> l
 
 def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, list[dict]]:
     """The protocol's problems of every split from a validated problems file: val by `protocol_problems` after the
-    first ``skip`` val problems, test and HumanEval the first ``test_problems`` / ``humaneval_problems``."""
+    first ``skip`` val problems, the held-out families' ``heldout_per_family`` each, test and HumanEval the first
+    ``test_problems`` / ``humaneval_problems`` (a split the data lacks has no problems)."""
     from tasks.measure import read_problems
 
     return {
         "val": protocol_problems(read_problems(problems_path, "val"), skip, cfg.val_per_family),
         "test": read_problems(problems_path, "test", cfg.test_problems),
+        "heldout": protocol_problems(read_problems(problems_path, "heldout"), 0, cfg.heldout_per_family),
         "humaneval": read_problems(problems_path, "humaneval", cfg.humaneval_problems),
     }
 

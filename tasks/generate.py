@@ -215,17 +215,33 @@ def split_key(problem: dict) -> str:
     return variant.group
 
 
-def assign_splits(problems: Sequence[dict], seed: int, val_frac: float = 0.1, test_frac: float = 0.1) -> list[dict]:
-    """New dicts with ``split`` set to train/val/test, holding out whole variant groups (:func:`split_key`).
+def assign_splits(
+    problems: Sequence[dict],
+    seed: int,
+    val_frac: float = 0.1,
+    test_frac: float = 0.1,
+    heldout_families: Sequence[str] = (),
+) -> list[dict]:
+    """New dicts with ``split`` set to train/val/test, holding out whole variant groups (:func:`split_key`), and
+    ``heldout`` for every problem of a family named in ``heldout_families`` (whole families never trained on, so
+    "generalises to unseen tasks" is measured on our own data too).
 
-    Per family, the groups are shuffled with a stream seeded by (seed, family); groups go to test while that brings
-    the family's test count closer to ``test_frac`` of its problems, then likewise to val, and the rest to train
-    (always at least one train group per family). Fractions are therefore met per family up to one group's size.
-    The result depends only on the problems and the arguments, not on the input order.
+    Per other family, the groups are shuffled with a stream seeded by (seed, family); groups go to test while that
+    brings the family's test count closer to ``test_frac`` of its problems, then likewise to val, and the rest to
+    train (always at least one train group per family). Fractions are therefore met per family up to one group's
+    size. The result depends only on the problems and the arguments, not on the input order.
 
     Raises:
-        ValueError: a fraction outside [0, 1), or val_frac + test_frac >= 1; see also :func:`split_key`.
+        ValueError: a fraction outside [0, 1), or val_frac + test_frac >= 1; a held-out family that is not in the
+            catalogue, or every family of ``problems`` held out; see also :func:`split_key`.
     """
+    known = {family.name for family in FAMILIES}
+    unknown = sorted(set(heldout_families) - known)
+    if unknown:
+        raise ValueError(f"held-out families {unknown} are not in the catalogue; known: {sorted(known)}")
+    present = {str(p.get("family", "")) for p in problems}
+    if present and present <= set(heldout_families):
+        raise ValueError(f"every family of the problems is held out ({sorted(present)}): nothing is left to train on")
     for label, frac in (("val_frac", val_frac), ("test_frac", test_frac)):
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"{label} must be in [0, 1), got {frac}")
@@ -238,6 +254,9 @@ def assign_splits(problems: Sequence[dict], seed: int, val_frac: float = 0.1, te
     split_of: dict[str, str] = {}
     for family in sorted(sizes):
         groups = sorted(sizes[family])
+        if family in heldout_families:
+            split_of.update(dict.fromkeys(groups, "heldout"))
+            continue
         _rng(seed, f"split/{family}").shuffle(groups)
         total = sum(sizes[family].values())
         start = 0

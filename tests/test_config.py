@@ -130,3 +130,11 @@ def test_rl_budget_must_cover_the_evaluations():
     assert expected in str(info.value)
     raw["didpo"]["max_new_tokens"] += 1
     assert parse_params(raw).didpo.max_new_tokens == raw["evaluate"]["max_new_tokens"]
+
+
+def test_heldout_families_are_refused_at_load_unless_generated():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert parse_params(raw).prepare.heldout_families == ("parse_booleans", "group_records")
+    raw["prepare"]["heldout_families"] = ["parse_booleans", "parse_bools"]
+    with pytest.raises(ConfigError, match=r"prepare\.heldout_families: \['parse_bools'\] are not generated families"):
+        parse_params(raw)

@@ -1,6 +1,8 @@
 """The evaluate stage's pieces: answer metrics on hand-made answers, the comparison table, plot data, and one split
 measured end to end on a tiny model in the real sandbox."""
 
+import json
+
 import pytest
 
 from models.evaluation import ProblemResult
@@ -20,6 +22,7 @@ from tasks.evaluate import (
     plot_passk,
     protocol_problems,
     protocol_record,
+    select_problems,
 )
 from tests.test_process_metrics import PROBLEM, REFERENCE
 
@@ -164,6 +167,22 @@ def test_protocol_problems_are_stratified_and_disjoint_from_selection():
     assert protocol_record(EvaluateConfig(seed=1), {"val": chosen, "test": []}, engine)["id"] != record["id"]
     assert protocol_record(cfg, {"val": chosen[:3], "test": []}, engine)["id"] != record["id"]
     assert protocol_record(cfg, {"val": chosen, "test": []}, ("torch", "f32"))["id"] != record["id"]
+
+
+def test_the_protocol_measures_held_out_families_beside_val(tmp_path):
+    rows = [
+        {"task_id": f"{fam}/{i}", "family": fam, "split": split}
+        for split, fams in (("val", ("a", "b")), ("heldout", ("h", "g")), ("train", ("a",)))
+        for i in range(5)
+        for fam in fams
+    ]
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chosen = select_problems(path, EvaluateConfig(val_per_family=1, heldout_per_family=3), skip=2)
+    assert [p["task_id"] for p in chosen["val"]] == ["a/1", "b/1"]
+    assert [p["task_id"] for p in chosen["heldout"]] == ["g/0", "g/1", "g/2", "h/0", "h/1", "h/2"]
+    assert len(select_problems(path, EvaluateConfig(heldout_per_family=0), skip=0)["heldout"]) == 10
+    assert chosen["humaneval"] == [] and not EvaluateConfig().greedy("heldout")  # sampled like val
 
 
 def test_the_engine_falls_back_to_torch_and_says_why(monkeypatch, caplog):

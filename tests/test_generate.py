@@ -294,6 +294,22 @@ def test_assign_splits_holds_out_whole_groups(problems, split):
         assign_splits(problems, seed=0, val_frac=0.6, test_frac=0.5)
 
 
+def test_assign_splits_holds_out_whole_families(problems, split):
+    held = ("parse_booleans", "group_records")
+    out = assign_splits(problems, seed=0, val_frac=0.1, test_frac=0.1, heldout_families=held)
+    for p, plain in zip(out, split, strict=True):
+        if p["family"] in held:
+            assert p["split"] == "heldout"  # every problem of the family, whatever its group
+        else:
+            assert p["split"] == plain["split"]  # the other families' split does not move
+    assert sum(p["split"] == "heldout" for p in out) == sum(p["family"] in held for p in problems) > 0
+    with pytest.raises(ValueError, match=r"\['no_such_family'\] are not in the catalogue"):
+        assign_splits(problems, seed=0, heldout_families=("no_such_family",))
+    one_family = [p for p in problems if p["family"] == "parse_booleans"]
+    with pytest.raises(ValueError, match="nothing is left to train on"):
+        assign_splits(one_family, seed=0, heldout_families=("parse_booleans",))
+
+
 def test_leakage_report_is_clean(split):
     report = leakage_report(split)
     assert report["group_overlap"] == 0

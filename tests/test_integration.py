@@ -100,7 +100,7 @@ def test_dvc_repro_data_stages(project):
     lines = (root / "data/prepared/problems.jsonl").read_text().splitlines()
     problems = [json.loads(line) for line in lines]
     splits = {p["split"] for p in problems}
-    assert splits == {"train", "val", "test", "humaneval"}
+    assert splits == {"train", "val", "test", "humaneval", "heldout"}
     assert sum(p["split"] == "humaneval" for p in problems) == 164
     report = json.loads((root / "data/validated/report.json").read_text())
     problems_report = report["datasets"]["problems"]
