@@ -1,15 +1,19 @@
-"""The external guard on a run's checkpoints: greedy pass@1 on HumanEval and the paired change against the base model.
+"""The generalisation guards on a run's checkpoints: HumanEval (external) and the held-out families, each checkpoint's
+pass@1 and its paired change against the base model.
 
-    .venv/bin/python scripts/external_guard.py [--root .] [--params params.yaml] [--problems 0]
+    .venv/bin/python scripts/external_guard.py [--root .] [--params params.yaml] [--problems 0] [--heldout]
         [--out docs/results/external_guard.json]
 
-What the gate (``external``) and the evaluate stage (the ``humaneval`` split, ``evaluate.humaneval_greedy``) measure,
-for every checkpoint of a finished run at once: the base model and each present trained checkpoint
+What the gate (``external``) and the evaluate stage (the ``humaneval`` and ``heldout`` splits) measure, for every
+checkpoint of a finished run at once: the base model and each present trained checkpoint
 (data/checkpoints/{sft,dpo,rl}/merged under ``--root``) answer the first ``--problems`` HumanEval problems (0 = all
-164) greedily with the evaluate stage's token budget, through its engine (OpenVINO GenAI where ``make export-env``
-ran, else the torch sampler), in the sandbox. Prints one line per checkpoint and writes the figures
-(`tasks.measure.external_change`: Δ, 95% interval, MDE, one-sided p of "better" and of "worse") and the seconds each
-checkpoint took to ``--out``.
+164) greedily with the evaluate stage's token budget, and with ``--heldout`` also the protocol's held-out-family
+problems (``evaluate.heldout_per_family`` of each family in ``prepare.heldout_families``, from the run's
+data/validated/problems.jsonl), sampled as the protocol samples val (``evaluate.n_samples`` at its temperature and
+seed). Generation goes through the evaluate stage's engine (OpenVINO GenAI where ``make export-env`` ran, else the
+torch sampler), verdicts through the sandbox. Prints one line per checkpoint and split and writes the figures
+(`tasks.measure.external_change`: Δ, 95% interval, MDE, one-sided p of "better" and of "worse"), the seconds each
+checkpoint took and the per-problem answers (next to ``--out``).
 """
 
 from __future__ import annotations
@@ -25,26 +29,35 @@ def main() -> None:
     parser.add_argument("--root", default=".", help="the project whose data/ holds the checkpoints")
     parser.add_argument("--params", default="params.yaml", help="evaluate (token budget, engine) and verifier settings")
     parser.add_argument("--problems", type=int, default=0, help="first HumanEval problems (0 = all 164)")
+    parser.add_argument("--heldout", action="store_true", help="also the held-out families (prepare.heldout_families)")
     parser.add_argument("--out", default="docs/results/external_guard.json")
     args = parser.parse_args()
 
     from flows.env import setup_environment
 
     setup_environment(Path(args.root))  # telemetry off, offline hub, before prefect and mlflow are imported
+    from models.evaluation import sample_and_verify
     from models.policy import load_policy
     from tasks.config import load_params
-    from tasks.measure import external_change, greedy_results, make_sampler, make_verifier, resolve_engine
+    from tasks.evaluate import protocol_problems
+    from tasks.measure import external_change, make_sampler, make_verifier, read_problems, resolve_engine, write_results
     from tasks.prepare import humaneval_problems
 
     root = Path(args.root)
     params = load_params(args.params)
     cfg = params.evaluate
-    problems = humaneval_problems.fn()[: args.problems or None]
+    splits = {"humaneval": humaneval_problems.fn()[: args.problems or None]}
+    if args.heldout:
+        rows = read_problems(root / "data/validated/problems.jsonl", "heldout")
+        if not rows:
+            raise SystemExit(f"{root}/data/validated/problems.jsonl has no heldout split (prepare.heldout_families)")
+        splits["heldout"] = protocol_problems(rows, 0, cfg.heldout_per_family)
     engine = resolve_engine(cfg.engine, cfg.precision, "external guard")
     checkpoints = {"base": root / "data/checkpoints/base"} | {
         name: root / f"data/checkpoints/{name}/merged" for name in ("sft", "dpo", "rl")
     }
-    passes, seconds = {}, {}
+    passes: dict[str, dict[str, list[float]]] = {split: {} for split in splits}
+    seconds = {}
     with make_verifier(params.verifier) as verifier:
         for name, path in checkpoints.items():
             if not (path / "config.json").is_file():
@@ -52,25 +65,37 @@ def main() -> None:
             started = time.perf_counter()
             model, tokenizer = load_policy(path, dtype=params.base_model.dtype)
             sampler = make_sampler(path, tokenizer, engine)
-            out = Path(args.out).with_suffix("") / f"{name}.jsonl"
-            results = greedy_results(model, tokenizer, problems, cfg.max_new_tokens, cfg.seed, verifier, out, sampler)
-            passes[name] = [r.pass_at(1) for r in results]
+            for split, problems in splits.items():
+                results = sample_and_verify(model, tokenizer, problems, cfg.sampling(split), verifier, sampler=sampler)
+                write_results(
+                    results,
+                    Path(args.out).with_suffix("") / f"{name}{'' if split == 'humaneval' else '_' + split}.jsonl",
+                )
+                passes[split][name] = [r.pass_at(1) for r in results]
+                print(f"{name} {split}: pass@1 {sum(passes[split][name]) / len(problems):.4f}", flush=True)
             seconds[name] = time.perf_counter() - started
-            print(f"{name}: greedy pass@1 {sum(passes[name]) / len(problems):.4f} ({seconds[name]:.0f} s)", flush=True)
+            print(f"{name}: {seconds[name]:.0f} s", flush=True)
     report = {
-        "problems": len(problems),
+        "problems": {split: len(problems) for split, problems in splits.items()},
+        "sampling": {
+            split: {"n": cfg.sampling(split).n, "temperature": cfg.sampling(split).temperature} for split in splits
+        },
         "engine": "/".join(engine),
         "max_new_tokens": cfg.max_new_tokens,
         "seconds": seconds,
-        "pass@1": {name: sum(p) / len(p) for name, p in passes.items()},
-        "against_base": {name: external_change(passes["base"], p) for name, p in passes.items() if name != "base"},
+        "pass@1": {split: {name: sum(p) / len(p) for name, p in by.items()} for split, by in passes.items()},
+        "against_base": {
+            split: {name: external_change(by["base"], p) for name, p in by.items() if name != "base"}
+            for split, by in passes.items()
+        },
     }
-    for name, change in report["against_base"].items():
-        print(
-            f"{name} vs base: Δ {change['delta']:+.4f} [{change['low']:+.4f}, {change['high']:+.4f}], "
-            f"{change['n_discordant']} changed, p(worse) {change['p_worse']:.4f}, p(better) {change['p_better']:.4f}, "
-            f"MDE {change['mde']:.3f}"
-        )
+    for split, changes in report["against_base"].items():
+        for name, change in changes.items():
+            print(
+                f"{name} vs base on {split}: Δ {change['delta']:+.4f} [{change['low']:+.4f}, {change['high']:+.4f}], "
+                f"{change['n_discordant']} changed, p(worse) {change['p_worse']:.4f}, "
+                f"p(better) {change['p_better']:.4f}, MDE {change['mde']:.3f}"
+            )
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 
