@@ -65,7 +65,8 @@ class EvaluateConfig:
     Attributes:
         val_per_family: val problems measured per family (stratified), taken in file order from the val problems
             after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
-            80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py).
+            80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py); params.yaml
+            takes 5 of each of the 18 trained families (90).
         test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
         heldout_per_family: problems measured per held-out family (``prepare.heldout_families``: generated families
             never trained on), in file order; 0 = all. In-family figures (val, test) measure unseen variants of

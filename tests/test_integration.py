@@ -317,11 +317,6 @@ def _flow_run_states(root: Path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="session 7: the run stopped but took 79 s (> 60 s) on shared cores, i.e. likely only after the SIGTERM "
-    "that follows the 60 s grace; the later assertions were not reached. Open (issue 19).",
-    strict=False,
-)
 def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     """A Ctrl-C (SIGINT to `didpo run`'s process group, as a terminal sends it) during SFT: the run stops within
     seconds with no retry storm against a dead API, the flow runs end crashed (none left Running), DVC's lock is
