@@ -36,7 +36,9 @@ def run(params_path: str = "params.yaml") -> dict:
     cfg = params.didpo
     if not (POLICY / "config.json").is_file():
         raise FileNotFoundError(f"{POLICY} holds no checkpoint: run the dpo stage first (`didpo stage dpo`)")
-    with tracking.stage_run("didpo", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(POLICY))):
+    with tracking.stage_run(
+        "didpo", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(POLICY)), resume_dir=OUT / "checkpoints"
+    ):
         problems = read_problems(VALID_PROBLEMS, "train")
         with make_verifier(params.verifier) as verifier:
             metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS, POOL)

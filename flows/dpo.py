@@ -38,7 +38,9 @@ def run(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     cfg, dtype = params.dpo, params.base_model.dtype
     reference = SFT_OUT / "merged"
-    with tracking.stage_run("dpo", params.tracking, cfg, inputs=(str(PAIRS), str(reference))):
+    with tracking.stage_run(
+        "dpo", params.tracking, cfg, inputs=(str(PAIRS), str(reference)), resume_dir=OUT / "checkpoints"
+    ):
         expected, origin = expected_reference_hash(SFT_METRICS, reference)
         train, held_out = split_pairs(select_pairs(read_pairs(PAIRS), cfg.max_pairs, cfg.seed), cfg.held_out_frac)
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)

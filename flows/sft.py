@@ -28,7 +28,9 @@ HISTORY = Path("data/sft/history.json")
 def run(params_path: str = "params.yaml") -> dict:
     """Fine-tune, export adapter + merged checkpoint, write metrics and the loss curves (DVC plots)."""
     params = load_params(params_path)
-    with tracking.stage_run("sft", params.tracking, params.sft, inputs=(str(VALID_PROBLEMS), str(BASE))):
+    with tracking.stage_run(
+        "sft", params.tracking, params.sft, inputs=(str(VALID_PROBLEMS), str(BASE)), resume_dir=OUT / "checkpoints"
+    ):
         train = read_problems(VALID_PROBLEMS, "train")
         held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
         metrics, history = run_sft(BASE, params.base_model.dtype, train, held_out, params.sft, OUT)

@@ -139,8 +139,9 @@ def convert_embedded(out_dir: Path, dtype: str = "float32") -> dict:
     """Locate the embedded GGUF, convert it into `out_dir` and report what was done.
 
     Returns:
-        ``{"gguf": str, "out_dir": str, "seconds": float, "checkpoint_bytes": int}`` (the byte count is the
-        size of all files written to `out_dir`).
+        ``{"gguf": str, "out_dir": str, "seconds": float, "checkpoint_bytes": int}``: ``gguf`` is the file as
+        ``<package>/<file name>`` (no machine's absolute path in a tracked report), the byte count is the size of
+        all files written to `out_dir`.
 
     Raises:
         FileNotFoundError: see `find_embedded_gguf`.
@@ -150,4 +151,5 @@ def convert_embedded(out_dir: Path, dtype: str = "float32") -> dict:
     convert_gguf_to_safetensors(gguf, out_dir, dtype=dtype)
     seconds = time.perf_counter() - start
     size = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
-    return {"gguf": str(gguf), "out_dir": str(out_dir), "seconds": seconds, "checkpoint_bytes": size}
+    source = f"{EMBEDDED_PACKAGE}/{gguf.name}"
+    return {"gguf": source, "out_dir": str(out_dir), "seconds": seconds, "checkpoint_bytes": size}

@@ -3,7 +3,8 @@
 The parent run is created by ``didpo run`` and its id travels to the stage processes (``dvc repro`` →
 ``didpo stage NAME``) in the ``DIDPO_PARENT_RUN_ID`` environment variable; a stage run alone (``didpo stage``,
 ``dvc repro`` by hand) becomes a top-level run of its own. Each stage run logs its params section, the git commit,
-its input data versions (DVC hashes) as MLflow dataset inputs, and its reports as artifacts.
+its input data versions (DVC hashes) as MLflow dataset inputs, and its reports as artifacts; system metrics (CPU,
+memory) are sampled while it runs. The experiment is marked as model training (`EXPERIMENT_KIND`).
 
 Training loops never import this module: they take an ``emit(metrics, step)`` callback, and :func:`mlflow_emit`
 is the MLflow implementation of it.
@@ -28,8 +29,14 @@ from tasks.config import TrackingConfig, section_dict
 PARENT_ENV = "DIDPO_PARENT_RUN_ID"
 
 
+# The experiment tag the MLflow 3 UI reads to choose its view; "custom_model_development" is its "Machine learning"
+# kind (runs, metrics, models), where an unset kind opens the GenAI view (traces, prompts).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def configure(tracking: TrackingConfig) -> str:
-    """Point MLflow at the tracking store and experiment; returns the tracking URI in use.
+    """Point MLflow at the tracking store and experiment (created as a model-training experiment,
+    `EXPERIMENT_KIND`); returns the tracking URI in use.
 
     ``MLFLOW_TRACKING_URI`` in the environment wins over params.yaml (a team's server).
     """
@@ -38,28 +45,62 @@ def configure(tracking: TrackingConfig) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking.tracking_uri
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient()
-    if client.get_experiment_by_name(tracking.experiment) is None:
+    experiment = client.get_experiment_by_name(tracking.experiment)
+    if experiment is None:
         location = tracking.artifact_location
         if "://" not in location:
             location = Path(location).resolve().as_uri()
-        client.create_experiment(tracking.experiment, artifact_location=location)
+        client.create_experiment(tracking.experiment, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+    elif EXPERIMENT_KIND[0] not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND)
     mlflow.set_experiment(tracking.experiment)
     return uri
 
 
-def git_commit() -> str:
-    """The checked-out git commit (with ``-dirty`` when the tree has uncommitted changes), or ``unknown``."""
+def pipeline_outputs(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
+    """Every path the DVC graph writes (``outs``, ``metrics``, ``plots`` of every stage) and ``dvc.lock``: files a
+    run rewrites, so a change to them does not make the source tree dirty."""
+    path = Path(dvc_yaml)
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) if path.is_file() else {}
+    out = ["dvc.lock"]
+    for stage in stages.values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []):
+                out.append(next(iter(entry)) if isinstance(entry, dict) else str(entry))
+    return out
+
+
+def git_commit() -> tuple[str, bool]:
+    """The checked-out git commit and whether the source differs from it: a tracked file changed, other than the
+    pipeline's own outputs (`pipeline_outputs`: a run rewrites dvc.lock and the cache-less metrics, which would
+    otherwise mark every run's commit dirty). ``("unknown", False)`` outside a git work tree."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        excludes = [f":(exclude){p}" for p in pipeline_outputs()]
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *excludes],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
+        return "unknown", False
+    return sha, bool(dirty)
+
+
+def source_tags(name: str) -> dict[str, str]:
+    """MLflow's standard source tags (``mlflow.source.git.commit``, ``.name``, ``.type``; the UI links a run to its
+    commit through them) and ``didpo.git_dirty``."""
+    from mlflow.entities import SourceType
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+    sha, dirty = git_commit()
+    return {
+        MLFLOW_GIT_COMMIT: sha,
+        MLFLOW_SOURCE_NAME: name,
+        MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL),
+        "didpo.git_dirty": str(dirty).lower(),
+    }
 
 
 def dvc_version(path: str | Path, lock_path: str | Path = "dvc.lock") -> str:
@@ -90,12 +131,41 @@ def dvc_version(path: str | Path, lock_path: str | Path = "dvc.lock") -> str:
     return ""
 
 
+RUN_ID_FILE = "mlflow_run_id"
+
+
+def _resumable_run(resume_dir: Path | None) -> str | None:
+    """The MLflow run id an interrupted attempt left in `resume_dir` when training will resume there (a checkpoint
+    exists) and the run is in this tracking store; else None."""
+    from models.checkpoint import latest_checkpoint
+
+    if resume_dir is None or latest_checkpoint(resume_dir) is None or not (resume_dir / RUN_ID_FILE).is_file():
+        return None
+    import mlflow
+
+    run_id = (resume_dir / RUN_ID_FILE).read_text().strip()
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return None
+    return run_id
+
+
 @contextmanager
-def stage_run(stage: str, tracking: TrackingConfig, section: Any = None, inputs: tuple[str, ...] = ()) -> Iterator[Any]:
+def stage_run(
+    stage: str,
+    tracking: TrackingConfig,
+    section: Any = None,
+    inputs: tuple[str, ...] = (),
+    resume_dir: Path | None = None,
+) -> Iterator[Any]:
     """Open the MLflow run of one stage (a child of the pipeline's parent run when there is one).
 
     Logs the stage's params section (``section``), the git commit, and each input path as a dataset input whose
     digest is its DVC hash. Yields the active ``mlflow.ActiveRun``; a stage that raises ends its run FAILED.
+    ``resume_dir``: a training stage's exact-resume checkpoint folder. The run's id is kept there until the stage
+    finishes, so an interrupted attempt's run is continued (one loss curve, not two runs) when training resumes
+    from a checkpoint in it.
     """
     import mlflow
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -103,9 +173,17 @@ def stage_run(stage: str, tracking: TrackingConfig, section: Any = None, inputs:
 
     configure(tracking)
     parent = os.environ.get(PARENT_ENV) or None
-    tags = {"didpo.stage": stage, "git_commit": git_commit()}
-    with mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags) as run:
-        if section is not None:
+    tags = {"didpo.stage": stage, **source_tags(f"didpo stage {stage}")}
+    resumed = _resumable_run(resume_dir)
+    if resumed is not None:
+        started = mlflow.start_run(run_id=resumed, tags={**tags, "didpo.resumed": "true"}, log_system_metrics=True)
+    else:
+        started = mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags, log_system_metrics=True)
+    with started as run:
+        if resume_dir is not None:
+            resume_dir.mkdir(parents=True, exist_ok=True)
+            (resume_dir / RUN_ID_FILE).write_text(run.info.run_id + "\n")
+        if section is not None and resumed is None:  # a continued run has them (MLflow refuses a changed value)
             mlflow.log_params({f"{stage}.{k}": _param(v) for k, v in section_dict(section).items()})
         for path in inputs:
             version = dvc_version(path)
@@ -116,6 +194,8 @@ def stage_run(stage: str, tracking: TrackingConfig, section: Any = None, inputs:
                 source = resolve_dataset_source(str(Path(path).resolve()))
             mlflow.log_input(MetaDataset(source, name=str(path), digest=version[:36]), context=stage)
         yield run
+        if resume_dir is not None:
+            (resume_dir / RUN_ID_FILE).unlink(missing_ok=True)  # finished: the next attempt is a new run
 
 
 def _param(value: Any) -> str:
@@ -153,7 +233,8 @@ def pipeline_run(tracking: TrackingConfig, name: str = "pipeline") -> Iterator[s
 
     configure(tracking)
     previous = os.environ.get(PARENT_ENV)
-    with mlflow.start_run(run_name=name, tags={"didpo.stage": "pipeline", "git_commit": git_commit()}) as run:
+    tags = {"didpo.stage": "pipeline", **source_tags("didpo run")}
+    with mlflow.start_run(run_name=name, tags=tags) as run:
         os.environ[PARENT_ENV] = run.info.run_id
         try:
             yield run.info.run_id

@@ -254,6 +254,7 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     params["didpo"]["reward"].update(overlong_max=0, overlong_cache=0, control="group")
     params["evaluate"].update(
         val_per_family=1,
+        heldout_per_family=1,
         n_samples=2,
         test_problems=1,
         humaneval_problems=1,
@@ -286,6 +287,9 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
                  if json.loads(line)["split"] == "val"][:2]  # fmt: skip
     assert val and not set(val) & set(first_val)
     assert len({protocol["families"][t] for t in val}) == len(val)
+    heldout = protocol["splits"]["heldout"]  # one problem of each held-out family, none of them trained or in val
+    assert sorted(protocol["families"][t] for t in heldout) == sorted(params["prepare"]["heldout_families"])
+    assert evaluation["sft"]["heldout"]["n_problems"] == len(heldout) == 2
     per_problem = json.loads((root / "data/evaluate/per_problem.json").read_text())
     assert per_problem["protocol"] == protocol["id"] and per_problem["champion_version"] is None
     assert set(per_problem["checkpoints"]) == {"base", "sft", "dpo", "rl"}
@@ -327,7 +331,7 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     root, env = project
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["sft"].update(
-        max_steps=2000, batch_size=2, grad_accum_steps=1, eval_every=0, checkpoint_every=10, max_seq_len=2048
+        max_steps=300, batch_size=2, grad_accum_steps=1, eval_every=0, checkpoint_every=10, max_seq_len=2048
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stages = "base_model,prepare,simulate_logs,validate,sft"
@@ -357,10 +361,10 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     assert ("sft", "CRASHED") in states and ("pipeline", "CRASHED") in states, states
     assert "sft" in sh(["dvc", "status", "sft"], root, env).stdout  # answers at once: no lock left behind
     step = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
-    assert 0 < step < 2000
+    assert 0 < step < 300
 
     rerun = sh(command, root, env)
     output = rerun.stdout + rerun.stderr
     assert "Stage 'prepare' didn't change, skipping" in output
-    assert f"sft: resumed from data/checkpoints/sft/checkpoints/checkpoint-{step:08d} (step {step} of 2000)" in output
-    assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 2000
+    assert f"sft: resumed from data/checkpoints/sft/checkpoints/checkpoint-{step:08d} (step {step} of 300)" in output
+    assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 300

@@ -50,7 +50,11 @@ def test_parent_and_child_runs(tracking_cfg, tmp_path):
     child = client.get_run(child_id)
     assert child.data.tags["mlflow.parentRunId"] == parent_id
     assert child.data.tags["didpo.stage"] == "prepare"
-    assert child.data.tags["git_commit"]
+    assert child.data.tags["mlflow.source.git.commit"] and child.data.tags["mlflow.source.type"] == "LOCAL"
+    assert child.data.tags["mlflow.source.name"] == "didpo stage prepare"
+    assert child.data.tags["didpo.git_dirty"] in ("true", "false")
+    experiment = client.get_experiment(child.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI's "Machine learning" view
     assert child.data.params["prepare.seed"] == "3"
     assert child.data.metrics["prepare/n_problems"] == 42
     assert child.data.metrics["baseline/val/pass_at_16"] == 0.25  # MLflow refuses "@" in names
@@ -71,3 +75,63 @@ def test_env_tracking_uri_wins(tracking_cfg, tmp_path, monkeypatch):
     other = f"sqlite:///{tmp_path}/other.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
     assert tracking.configure(tracking_cfg) == other
+
+
+def test_a_run_rewriting_its_own_outputs_leaves_the_commit_clean(tmp_path, monkeypatch):
+    """A run rewrites dvc.lock and cache-less metrics (tracked in git): that must not mark the commit dirty, while
+    an edited source file must."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: x\n    outs:\n      - data/out.json:\n          cache: false\n"
+        "    metrics:\n      - data/m.json\n"
+    )
+    (tmp_path / "data").mkdir()
+    for name in ("dvc.lock", "data/out.json", "data/m.json", "code.py"):
+        (tmp_path / name).write_text("v1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.email=a@b", "-c", "user.name=t", "commit", "-qm", "init")
+    monkeypatch.chdir(tmp_path)
+    assert tracking.pipeline_outputs() == ["dvc.lock", "data/out.json", "data/m.json"]
+    for name in ("dvc.lock", "data/out.json", "data/m.json"):
+        (tmp_path / name).write_text("v2\n")
+    sha, dirty = tracking.git_commit()
+    assert len(sha) == 40 and dirty is False
+    (tmp_path / "code.py").write_text("v2\n")
+    assert tracking.git_commit() == (sha, True)
+
+
+def test_a_resumed_training_stage_continues_its_mlflow_run(tracking_cfg, tmp_path):
+    """Issue 19: a resumed SFT opened a second MLflow run, splitting its loss curve. The interrupted attempt's run
+    is continued when training resumes from a checkpoint; a finished stage's next attempt is a new run."""
+    import mlflow
+
+    ckpts = tmp_path / "checkpoints"
+    with pytest.raises(KeyboardInterrupt), tracking.stage_run("sft", tracking_cfg, resume_dir=ckpts) as run:
+        first = run.info.run_id
+        tracking.mlflow_emit({"sft/loss": 2.0}, step=10)
+        (ckpts / "checkpoint-00000010").mkdir()  # what the loop saved before the Ctrl-C
+        raise KeyboardInterrupt
+    assert (ckpts / tracking.RUN_ID_FILE).read_text().strip() == first
+    with tracking.stage_run("sft", tracking_cfg, resume_dir=ckpts) as run:
+        assert run.info.run_id == first
+        tracking.mlflow_emit({"sft/loss": 1.0}, step=20)
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(first, "sft/loss")
+    assert [(m.step, m.value) for m in history] == [(10, 2.0), (20, 1.0)]  # one curve
+    assert client.get_run(first).info.status == "FINISHED"
+    assert client.get_run(first).data.tags["didpo.resumed"] == "true"
+    assert not (ckpts / tracking.RUN_ID_FILE).exists()
+    with tracking.stage_run("sft", tracking_cfg, resume_dir=ckpts) as run:  # finished before: a new run
+        assert run.info.run_id != first
+    # an interrupted attempt that saved no checkpoint starts over, so its run is not continued either
+    empty = tmp_path / "empty"
+    with pytest.raises(KeyboardInterrupt), tracking.stage_run("dpo", tracking_cfg, resume_dir=empty) as run:
+        interrupted = run.info.run_id
+        raise KeyboardInterrupt
+    with tracking.stage_run("dpo", tracking_cfg, resume_dir=empty) as run:
+        assert run.info.run_id != interrupted
