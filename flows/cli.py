@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -148,14 +149,17 @@ def stage(
     if name not in STAGES:
         typer.secho(f"unknown stage '{name}'; stages: {', '.join(STAGES)}", fg="red", err=True)
         raise typer.Exit(2)
+    from flows.pipeline import record_stage_seconds
     from tasks.config import ConfigError, load_params
     from tasks.measure import GateFailed
     from tasks.validate import ValidationFailed
 
     try:
         load_params(params)  # a bad params.yaml stops here, before any flow run or server starts
+        started = time.monotonic()
         with _prefect_api():  # under `didpo run` its API; under a bare `dvc repro` a server of its own
             _stage_flow(name)(params_path=str(params))
+        record_stage_seconds(name, time.monotonic() - started)  # the next run's ETA
     except ConfigError as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None

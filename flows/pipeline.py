@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import graphlib
+import json
 import os
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -98,7 +100,7 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) ->
 
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
-    """``dvc repro --single-item NAME`` (its own output streams to the console), in its own process group: a Ctrl-C
+    """``dvc repro --single-item NAME`` (its output streams to the console), in its own process group: a Ctrl-C
     (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only once it has stopped.
 
     Raises:
@@ -121,17 +123,60 @@ def dvc_push() -> None:
     subprocess.run(["dvc", "push", "--quiet"], check=True)
 
 
+# Each stage's wall-clock seconds the last time its command ran (`record_stage_seconds`; local to a clone, next to
+# .cache/openvino): the pipeline's ETA.
+TIMINGS = Path(".cache/stage_seconds.json")
+
+
+def read_stage_seconds() -> dict[str, float]:
+    """`TIMINGS` as ``{stage: seconds}`` ({} before any stage has run here or when the file is unreadable)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(TIMINGS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def record_stage_seconds(name: str, seconds: float) -> None:
+    """Record a finished stage command's wall-clock seconds in `TIMINGS` (DVC runs the command only when the stage
+    is out of date, so a skipped stage keeps the figure of the last time it did work)."""
+    timings = read_stage_seconds() | {name: round(seconds, 1)}
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = TIMINGS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    tmp.replace(TIMINGS)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min {secs:02d} s"
+
+
+def progress_line(i: int, order: list[str], elapsed_s: float, timings: dict[str, float]) -> str:
+    """``stage i/N: name (elapsed …, ETA …)`` before stage ``order[i - 1]`` starts: the ETA is the remaining
+    stages' seconds in the last run that ran each (`TIMINGS`), ``?`` while one of them has never run here."""
+    remaining = order[i - 1 :]
+    eta = sum(timings[s] for s in remaining) if all(s in timings for s in remaining) else None
+    return f"stage {i}/{len(order)}: {order[i - 1]} (elapsed {_duration(elapsed_s)}, ETA {_duration(eta)})"
+
+
 @flow(name="pipeline")
 def pipeline(stages: list[str] | None = None, push: bool = True, params_path: str = "params.yaml") -> list[str]:
     """Run the DVC graph stage by stage (all of it, or ``stages`` in graph order), then ``dvc push``.
 
-    One MLflow parent run covers the whole run; each stage process opens its child run under it.
-    Returns the stage names run. Raises :class:`StageFailed` when one fails.
+    One MLflow parent run covers the whole run; each stage process opens its child run under it. Before each stage
+    a `progress_line` says where the run is and how long the rest took the last time each ran here (an ETA that
+    assumes every remaining stage is out of date). Returns the stage names run. Raises :class:`StageFailed` when one
+    fails.
     """
     order = [s for s in stage_order() if stages is None or s in stages]
+    started = time.monotonic()
     with pipeline_run(load_params(params_path).tracking) as run_id:
-        get_run_logger().info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
-        for name in order:
+        logger = get_run_logger()
+        logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
+        for i, name in enumerate(order, 1):
+            logger.info(progress_line(i, order, time.monotonic() - started, read_stage_seconds()))
             repro_stage(name)
         if push:
             dvc_push()

@@ -368,3 +368,6 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     assert "Stage 'prepare' didn't change, skipping" in output
     assert f"sft: resumed from data/checkpoints/sft/checkpoints/checkpoint-{step:08d} (step {step} of 300)" in output
     assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 300
+    _, runs = mlflow_runs(root)
+    resumed = [r for r in runs if r.data.tags.get("didpo.resumed") == "true"]  # one SFT run, continued
+    assert [(r.data.tags["didpo.stage"], r.info.status) for r in resumed] == [("sft", "FINISHED")]

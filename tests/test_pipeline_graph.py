@@ -82,3 +82,23 @@ stages:
 """,
     )
     assert stage_order(path) == ["simulate", "validate"]
+
+
+def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
+    from flows import pipeline
+
+    monkeypatch.chdir(tmp_path)
+    assert pipeline.read_stage_seconds() == {}
+    order = ["prepare", "sft", "gate"]
+    assert pipeline.progress_line(1, order, 0.0, {}) == "stage 1/3: prepare (elapsed 0 min 00 s, ETA ?)"
+    pipeline.record_stage_seconds("prepare", 61.04)
+    pipeline.record_stage_seconds("sft", 3725.0)
+    pipeline.record_stage_seconds("gate", 189.0)
+    pipeline.record_stage_seconds("prepare", 59.0)  # the latest run of a stage replaces its figure
+    timings = pipeline.read_stage_seconds()
+    assert timings == {"prepare": 59.0, "sft": 3725.0, "gate": 189.0}
+    # before sft: sft + gate remain = 3914 s
+    assert pipeline.progress_line(2, order, 59.4, timings) == "stage 2/3: sft (elapsed 0 min 59 s, ETA 1 h 05 min)"
+    assert pipeline.progress_line(3, order, 3800, timings) == "stage 3/3: gate (elapsed 1 h 03 min, ETA 3 min 09 s)"
+    pipeline.TIMINGS.write_text("not json")
+    assert pipeline.read_stage_seconds() == {}  # an unreadable file means no ETA, not a crash
