@@ -208,6 +208,24 @@ def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params f
 
 
 @app.command()
+def plots(
+    revisions: list[str] = typer.Argument(None, help="Git revisions to compare (dvc plots diff); none: the workspace."),
+) -> None:
+    """Render every dvc.yaml plot offline: dvc_plots/index.html (opens from disk) and one PNG per plot."""
+    setup_environment()
+    from flows.plots import OUT, dvc_plot_specs, render
+
+    specs, problems = dvc_plot_specs(tuple(revisions or ()))
+    for problem in problems:
+        typer.secho(f"not drawn: {problem}", fg="yellow", err=True)
+    if not specs:
+        typer.secho("no plot could be drawn (run the stages first: make run)", fg="red", err=True)
+        raise typer.Exit(1)
+    page = render(specs)
+    typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
+
+
+@app.command()
 def ui() -> None:
     """Print how to open the MLflow and Prefect UIs on this project's embedded state."""
     setup_environment()

@@ -17,7 +17,7 @@ from prefect import flow
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
+from tasks.io import write_history, write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.rl import run_rl
 
@@ -43,6 +43,6 @@ def run(params_path: str = "params.yaml") -> dict:
         with make_verifier(params.verifier) as verifier:
             metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS, POOL)
         write_json(metrics, METRICS)
-        write_json({"history": history}, HISTORY)
+        write_history(history, HISTORY)
         tracking.log_artifacts(METRICS, HISTORY, ROLLOUTS, POOL, artifact_path="didpo")
     return metrics

@@ -21,7 +21,7 @@ from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check
-from tasks.io import write_json
+from tasks.io import write_history, write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.selfplay import read_pairs
 
@@ -51,7 +51,7 @@ def run(params_path: str = "params.yaml") -> dict:
         smoke, logged = smoke_check(before, after)
         metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
         write_json(metrics, METRICS)
-        write_json({"history": history}, HISTORY)
+        write_history(history, HISTORY)
         tracking.log_artifacts(METRICS, HISTORY, artifact_path="dpo")
         tracking.mlflow_emit(logged, step=metrics["global_step"])
     return metrics

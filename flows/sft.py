@@ -15,7 +15,7 @@ from flows.base_model import CHECKPOINT as BASE
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
+from tasks.io import write_history, write_json
 from tasks.measure import read_problems
 from tasks.sft import run_sft
 
@@ -35,6 +35,6 @@ def run(params_path: str = "params.yaml") -> dict:
         held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
         metrics, history = run_sft(BASE, params.base_model.dtype, train, held_out, params.sft, OUT)
         write_json(metrics, METRICS)
-        write_json({"history": history}, HISTORY)
+        write_history(history, HISTORY)
         tracking.log_artifacts(METRICS, HISTORY, artifact_path="sft")
     return metrics

@@ -35,3 +35,22 @@ def write_lines(lines: list[str], path: Path) -> None:
 def write_json(obj: dict, path: Path) -> None:
     """Write a JSON report (sorted keys, indented) atomically."""
     atomic_write_lines(path, [json.dumps(obj, indent=2, sort_keys=True)])
+
+
+def split_history(history: list[dict]) -> dict[str, list[dict]]:
+    """A training history (`emit` rows) as DVC plot tables of uniform rows: ``train`` (the per-step rows) and
+    ``eval`` (the held-out rows, those with an ``…/eval_…`` key). DVC drops a plot file whose rows lack its y key,
+    which a mixed history always does (issue 19: the SFT and DPO loss curves were silently missing)."""
+    tables: dict[str, list[dict]] = {"train": [], "eval": []}
+    for row in history:
+        tables["eval" if any("/eval_" in key for key in row) else "train"].append(row)
+    return tables
+
+
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def write_history(history: list[dict], path: Path) -> None:
+    """The history as ``path`` (``{"history": rows}``) and its plot tables (`split_history`) as
+    ``<path's folder>/plots/{train,eval}.json`` (a JSON list each), for dvc.yaml's plots."""
+    atomic_write_lines(path, [json.dumps({"history": history}, indent=2, sort_keys=True)])
+    for name, rows in split_history(history).items():
+        atomic_write_lines(Path(path).parent / "plots" / f"{name}.json", [json.dumps(rows, indent=1, sort_keys=True)])

@@ -1,0 +1,69 @@
+"""``didpo plots``: every plot of dvc.yaml rendered offline, as one self-contained HTML page and one PNG per plot.
+
+``dvc plots show`` writes an HTML page that loads Vega from a CDN, so it is blank on a machine without the internet.
+Here DVC still fills the plots (``dvc plots show --json``: the Vega-Lite specs with their data, the same plots
+``dvc plots show`` and ``dvc plots diff`` draw), and vl-convert (the Vega project's converter, which bundles the
+Vega, Vega-Lite and Vega-Embed libraries) renders them: the page inlines the libraries, so it opens from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+OUT = Path("dvc_plots")
+
+
+def dvc_plot_specs(revisions: tuple[str, ...] = ()) -> tuple[dict[str, dict], list[str]]:
+    """``({title: Vega-Lite spec}, [what could not be drawn])`` from ``dvc plots show --json`` (``dvc plots diff
+    --json REV…`` when `revisions` are given). A plot whose files are missing (its stage has not run) or lack a
+    field is reported, not drawn.
+
+    Raises:
+        RuntimeError: DVC failed (its stderr in the message).
+    """
+    command = ["dvc", "plots", "diff", *revisions, "--json"] if revisions else ["dvc", "plots", "show", "--json"]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {proc.stderr.strip()[-2000:]}")
+    report = json.loads(proc.stdout)
+    specs = {
+        title: entries[0]["content"]
+        for title, entries in report.get("data", {}).items()
+        if entries and entries[0].get("type") == "vega"
+    }
+    problems = sorted(
+        {f"{e.get('name') or e.get('source', '?')}: {e.get('msg', e.get('type'))}" for e in report.get("errors", [])}
+    )
+    return specs, problems
+
+
+def slug(title: str) -> str:
+    """A file name for a plot title: lowercase ASCII words joined by ``_`` (``pass@k on val`` → ``pass_k_on_val``)."""
+    return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_") or "plot"
+
+
+def render(specs: dict[str, dict], out: Path = OUT) -> Path:
+    """Write ``out/index.html`` (every plot, the Vega libraries inlined) and ``out/<slug>.png`` per plot; returns the
+    page's path."""
+    import vl_convert as vlc
+
+    out.mkdir(parents=True, exist_ok=True)
+    divs, calls = [], []
+    for i, (title, spec) in enumerate(specs.items()):
+        (out / f"{slug(title)}.png").write_bytes(vlc.vegalite_to_png(spec, scale=2))
+        divs.append(f'<div id="plot{i}"></div>')
+        calls.append(f"vegaEmbed('#plot{i}', {json.dumps(spec)});")
+    # the bundle is a classic script that sets window.vegaEmbed; the function scope keeps its own names private
+    page = (
+        '<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n<title>didpo plots</title>\n'
+        f"<script>(function () {{\n{vlc.javascript_bundle()}\n}})();</script>\n</head>\n<body>\n"
+        + "\n".join(divs)
+        + "\n<script>\n"
+        + "\n".join(calls)
+        + "\n</script>\n</body>\n</html>\n"
+    )
+    (out / "index.html").write_text(page, encoding="utf-8")
+    return out / "index.html"
