@@ -1,19 +1,19 @@
 """The generalisation guards on a run's checkpoints: HumanEval (external) and the held-out families, each checkpoint's
 pass@1 and its paired change against the base model.
 
-    .venv/bin/python scripts/external_guard.py [--root .] [--params params.yaml] [--problems 0] [--heldout]
-        [--out docs/results/external_guard.json]
+    .venv/bin/python scripts/external_guard.py [--root .] [--params params.yaml] [--problems 0]
+        [--splits humaneval,heldout] [--out docs/results/external_guard.json]
 
 What the gate (``external``) and the evaluate stage (the ``humaneval`` and ``heldout`` splits) measure, for every
 checkpoint of a finished run at once: the base model and each present trained checkpoint
 (data/checkpoints/{sft,dpo,rl}/merged under ``--root``) answer the first ``--problems`` HumanEval problems (0 = all
-164) greedily with the evaluate stage's token budget, and with ``--heldout`` also the protocol's held-out-family
-problems (``evaluate.heldout_per_family`` of each family in ``prepare.heldout_families``, from the run's
+164) greedily with the evaluate stage's token budget, and the protocol's held-out-family problems
+(``evaluate.heldout_per_family`` of each family in ``prepare.heldout_families``, from the run's
 data/validated/problems.jsonl), sampled as the protocol samples val (``evaluate.n_samples`` at its temperature and
-seed). Generation goes through the evaluate stage's engine (OpenVINO GenAI where ``make export-env`` ran, else the
-torch sampler), verdicts through the sandbox. Prints one line per checkpoint and split and writes the figures
-(`tasks.measure.external_change`: Δ, 95% interval, MDE, one-sided p of "better" and of "worse"), the seconds each
-checkpoint took and the per-problem answers (next to ``--out``).
+seed); ``--splits`` chooses which (both by default). Generation goes through the evaluate stage's engine (OpenVINO
+GenAI where ``make export-env`` ran, else the torch sampler), verdicts through the sandbox. Prints one line per
+checkpoint and split and writes the figures (`tasks.measure.external_change`: Δ, 95% interval, MDE, one-sided p of
+"better" and of "worse"), the seconds each checkpoint took and the per-problem answers (next to ``--out``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--root", default=".", help="the project whose data/ holds the checkpoints")
     parser.add_argument("--params", default="params.yaml", help="evaluate (token budget, engine) and verifier settings")
     parser.add_argument("--problems", type=int, default=0, help="first HumanEval problems (0 = all 164)")
-    parser.add_argument("--heldout", action="store_true", help="also the held-out families (prepare.heldout_families)")
+    parser.add_argument("--splits", default="humaneval,heldout", help="humaneval and/or heldout (comma-separated)")
     parser.add_argument("--out", default="docs/results/external_guard.json")
     args = parser.parse_args()
 
@@ -46,8 +46,11 @@ def main() -> None:
     root = Path(args.root)
     params = load_params(args.params)
     cfg = params.evaluate
-    splits = {"humaneval": humaneval_problems.fn()[: args.problems or None]}
-    if args.heldout:
+    wanted = [name.strip() for name in args.splits.split(",") if name.strip()]
+    if not wanted or set(wanted) - {"humaneval", "heldout"}:
+        raise SystemExit(f"--splits: humaneval and/or heldout, got {args.splits!r}")
+    splits = {"humaneval": humaneval_problems.fn()[: args.problems or None]} if "humaneval" in wanted else {}
+    if "heldout" in wanted:
         rows = read_problems(root / "data/validated/problems.jsonl", "heldout")
         if not rows:
             raise SystemExit(f"{root}/data/validated/problems.jsonl has no heldout split (prepare.heldout_families)")

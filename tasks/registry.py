@@ -9,11 +9,12 @@ paired sign-flip test of `models.significance.paired_test`: promoted only when p
 sized to their standard error; share-of-answers secondaries: a tolerance on the mean). Figures measured under two
 evaluation protocols are never compared (`ProtocolMismatch`).
 
-What is logged: the candidate's *merged* checkpoint in MLflow's ``transformers`` flavour
-(task text-generation, explicit pinned pip requirements), not the LoRA adapter. DPO and RL train on top of the
+What is logged: the candidate's *merged* checkpoint in MLflow's ``transformers`` flavour, task ``llm/v1/chat`` (it
+was trained on chat prompts, so it is served as a chat model: OpenAI chat requests with ``max_tokens`` and
+``temperature``), with explicit pinned pip requirements; not the LoRA adapter. DPO and RL train on top of the
 previous stage's merged weights, so an adapter's base would be an intermediate checkpoint that lives only in this
 project's DVC cache; a merged checkpoint is self-contained: ``mlflow.transformers.load_model("models:/NAME@champion")``
-gives a text-generation pipeline (or the components) anywhere, with no project files. The price is the full weights
+gives a chat pipeline (or the components) anywhere, with no project files. The price is the full weights
 per version (≈ 540 MB for the float32 135M embedded default).
 
 Aliases: every new version becomes ``challenger``; it becomes ``champion`` only when `promotion_decision` says so.
@@ -217,10 +218,11 @@ def flatten(per_split: dict) -> dict[str, float | None]:
 
 
 def pip_requirements(packages: Sequence[str] = PIP_PACKAGES) -> list[str]:
-    """``name==version`` of the installed packages the logged model needs to load and run."""
+    """``name==version`` of the installed packages the logged model needs to load and run, without a local version
+    label (``torch==2.13.0``, not ``2.13.0+cpu``: the served model installs on a CUDA machine too)."""
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in packages]
+    return [f"{name}=={version(name).split('+')[0]}" for name in packages]
 
 
 @dataclass
@@ -292,7 +294,7 @@ def register_and_decide(
     info = mlflow.transformers.log_model(
         {"model": model, "tokenizer": tokenizer},
         name="model",
-        task="text-generation",
+        task="llm/v1/chat",  # served as a chat model: OpenAI chat requests (messages, max_tokens, temperature)
         pip_requirements=pip_requirements(),
         registered_model_name=cfg.model_name,
     )

@@ -198,6 +198,13 @@ def test_registry_promotion_and_rollback(registry):
     local = mlflow.artifacts.download_artifacts(f"models:/{CFG.model_name}@champion")
     requirements = (root / local / "requirements.txt").read_text().split()
     assert set(pip_requirements()) <= set(requirements)
+    assert not [r for r in requirements if "+" in r]  # no local version label (torch 2.13.0+cpu): portable
+    # served as a chat model: an OpenAI chat request, its max_tokens honoured (the README's serving example)
+    served = mlflow.pyfunc.load_model(f"models:/{CFG.model_name}@champion")
+    request = {"messages": [{"role": "user", "content": "Write a function that adds two numbers."}], "max_tokens": 4}
+    (reply,) = served.predict(request)
+    assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["completion_tokens"] <= 4
 
     runner = CliRunner()
     result = runner.invoke(app, ["rollback", "--params", str(root / "params.yaml")])
