@@ -17,7 +17,7 @@ from prefect import flow
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_history, write_json
+from tasks.io import headline, write_history, write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.rl import run_rl
 
@@ -26,6 +26,12 @@ OUT = Path("data/checkpoints/rl")
 ROLLOUTS = Path("data/rl/rollouts.jsonl")
 POOL = Path("data/rl/pool.json")  # the screened prompt pool: pass rates and start-policy control curves
 METRICS = Path("data/rl/metrics.json")
+HEADLINE = Path("data/rl/headline.json")  # the DVC metric (tasks.io.headline)
+HEADLINE_KEYS = (
+    "algo",
+    "global_step",
+    *(f"{name}/{at}" for name in ("pass_rate", "reward/outcome", "kl_start") for at in ("first", "last")),
+)
 HISTORY = Path("data/rl/history.json")
 
 
@@ -43,6 +49,7 @@ def run(params_path: str = "params.yaml") -> dict:
         with make_verifier(params.verifier) as verifier:
             metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS, POOL)
         write_json(metrics, METRICS)
+        write_json(headline(metrics, HEADLINE_KEYS), HEADLINE)
         write_history(history, HISTORY)
         tracking.log_artifacts(METRICS, HISTORY, ROLLOUTS, POOL, artifact_path="didpo")
     return metrics

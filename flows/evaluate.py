@@ -64,8 +64,27 @@ DELTAS = OUT / "deltas.json"
 PROTOCOL = OUT / "protocol.json"
 PER_PROBLEM = OUT / "per_problem.json"
 REPORT = OUT / "report.md"
+HEADLINE = OUT / "headline.json"  # the DVC metric: pass@1 of every checkpoint and split, and Δ against base
 SAMPLES = OUT / "samples"
 FIGURES = OUT / "figures"
+
+
+def evaluate_headline(metrics: dict, deltas: dict) -> dict:
+    """``{"<checkpoint>.<split>.pass@1": value, "<trained>_vs_base.<split>.{delta,p_value}": value}``: the figures a
+    person reads first (the full set stays in metrics.json and deltas.json, DVC outputs beside it)."""
+    out = {
+        f"{name}.{split}.pass@1": m[split]["pass@1"]
+        for name, m in metrics.items()
+        for split in SPLITS
+        if isinstance(m.get(split), dict) and "pass@1" in m[split]
+    }
+    for pair, per_split in deltas.items():
+        if pair.startswith("base_to_"):
+            for split, d in per_split.items():
+                for key in ("delta", "p_value"):
+                    if key in d:
+                        out[f"{pair.removeprefix('base_to_')}_vs_base.{split}.{key}"] = d[key]
+    return out
 
 
 def present_checkpoints() -> dict[str, Path]:
@@ -124,6 +143,7 @@ def run(params_path: str = "params.yaml") -> dict:
         }
         write_json(metrics, METRICS)
         write_json(deltas, DELTAS)
+        write_json(evaluate_headline(metrics, deltas), HEADLINE)
         write_json(protocol, PROTOCOL)
         write_json(
             {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, PER_PROBLEM

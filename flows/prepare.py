@@ -8,7 +8,7 @@ from prefect import flow
 
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json, write_lines
+from tasks.io import headline, write_json, write_lines
 from tasks.prepare import (
     generated_problems,
     humaneval_problems,
@@ -19,6 +19,13 @@ from tasks.prepare import (
 
 PROBLEMS = Path("data/prepared/problems.jsonl")
 REPORT = Path("data/prepared/prepare_report.json")
+HEADLINE = Path("data/prepared/headline.json")  # the DVC metric (tasks.io.headline)
+HEADLINE_KEYS = (
+    "n_problems",
+    *(f"splits.{split}" for split in ("train", "val", "test", "heldout", "humaneval")),
+    "leakage.group_overlap",
+    "leakage.prompt_hash_collisions",
+)
 
 
 @flow(name="prepare")
@@ -34,6 +41,7 @@ def run(params_path: str = "params.yaml") -> dict:
         write_lines([serialise(p) for p in problems] + user_lines, PROBLEMS)
         report = prepare_report(problems, len(user_lines), cfg)
         write_json(report, REPORT)
+        write_json(headline(report, HEADLINE_KEYS), HEADLINE)
         tracking.log_artifacts(REPORT)
         splits = {f"prepare/n_{split}": n for split, n in report["splits"].items()}
         tracking.mlflow_emit({"prepare/n_problems": report["n_problems"], **splits}, step=0)

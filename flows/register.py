@@ -19,10 +19,18 @@ from flows.evaluate import METRICS as EVAL_METRICS
 from flows.evaluate import PER_PROBLEM, PROTOCOL, present_checkpoints
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
+from tasks.io import headline, write_json
 from tasks.registry import Evidence, choose_candidate, flatten, register_and_decide
 
 DECISION = Path("data/register/decision.json")
+HEADLINE = Path("data/register/headline.json")  # the DVC metric (tasks.io.headline)
+HEADLINE_KEYS = (
+    "checkpoint",
+    "incumbent",
+    "promoted",
+    "version",
+    *(f"test.{k}" for k in ("n", "effect", "p_value", "mde")),
+)
 
 
 @flow(name="register")
@@ -51,6 +59,7 @@ def run(params_path: str = "params.yaml") -> dict:
         result = register_and_decide(path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype)
         decision = result.as_dict()
         write_json(decision, DECISION)
+        write_json(headline(decision, HEADLINE_KEYS), HEADLINE)
         mlflow.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",

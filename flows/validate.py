@@ -14,6 +14,7 @@ from prefect import flow
 from flows.prepare import PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
+from tasks.io import headline, write_json
 from tasks.measure import validate_logs_task, validate_pairs_task, validate_problems_task
 
 OUT = Path("data/validated")
@@ -23,6 +24,15 @@ VALID_PAIRS = OUT / "human_pairs.jsonl"
 QUARANTINE = OUT / "quarantine"
 REPORT_JSON = OUT / "report.json"
 REPORT_MD = OUT / "report.md"
+HEADLINE = OUT / "headline.json"  # the DVC metric (tasks.io.headline)
+HEADLINE_KEYS = (
+    "passed",
+    *(
+        f"datasets.{d}.{k}"
+        for d in ("problems", "feedback_logs", "preference_pairs")
+        for k in ("rows_in", "rows_quarantined")
+    ),
+)
 
 
 @flow(name="validate")
@@ -40,6 +50,7 @@ def run(params_path: str = "params.yaml") -> dict:
             validate_pairs_task(cfg, Path(cfg.human_pairs), VALID_PAIRS, QUARANTINE / "human_pairs.jsonl"),
         ]
         write_report(reports, REPORT_JSON, REPORT_MD)
+        write_json(headline(report_dict(reports), HEADLINE_KEYS), HEADLINE)
         tracking.log_artifacts(REPORT_JSON, REPORT_MD, QUARANTINE, artifact_path="validation")
         tracking.mlflow_emit(
             {

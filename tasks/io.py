@@ -54,3 +54,19 @@ def write_history(history: list[dict], path: Path) -> None:
     atomic_write_lines(path, [json.dumps({"history": history}, indent=2, sort_keys=True)])
     for name, rows in split_history(history).items():
         atomic_write_lines(Path(path).parent / "plots" / f"{name}.json", [json.dumps(rows, indent=1, sort_keys=True)])
+
+
+def headline(report: dict, keys: Iterable[str]) -> dict:
+    """The figures of `report` named by dotted ``keys`` (``"splits.train"`` is ``report["splits"]["train"]``),
+    as a flat ``{key: value}`` dict; a key the report lacks is left out. A stage's DVC metric is its headline and
+    its full report an output beside it, so ``dvc metrics show`` stays a readable table (issue 19: 697 columns)."""
+    out = {}
+    for key in keys:
+        node = report
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            out[key] = node
+    return out
