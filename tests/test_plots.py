@@ -32,3 +32,23 @@ def test_plots_render_to_a_page_that_needs_no_network_and_to_pngs(tmp_path):
     html = page.read_text()
     assert "<script src" not in html  # every library is inlined: the page opens offline
     assert "window.vegaEmbed" in html and f"vegaEmbed('#plot0', {json.dumps(spec)});" in html
+
+
+def test_headline_keeps_the_named_figures_only():
+    from flows.evaluate import evaluate_headline
+    from tasks.io import headline
+
+    report = {"n_problems": 5, "splits": {"train": 3, "val": 2}, "leakage": {"group_overlap": 0}}
+    assert headline(report, ("n_problems", "splits.val", "splits.heldout", "leakage.group_overlap")) == {
+        "n_problems": 5,
+        "splits.val": 2,
+        "leakage.group_overlap": 0,
+    }  # a key the report lacks (no held-out split) is left out
+    metrics = {"base": {"val": {"pass@1": 0.1}, "seconds": 3.0}, "sft": {"val": {"pass@1": 0.3}, "humaneval": {}}}
+    deltas = {"base_to_sft": {"val": {"delta": 0.2, "p_value": 0.01, "mde": 0.07}}}
+    assert evaluate_headline(metrics, deltas) == {
+        "base.val.pass@1": 0.1,
+        "sft.val.pass@1": 0.3,
+        "sft_vs_base.val.delta": 0.2,
+        "sft_vs_base.val.p_value": 0.01,
+    }
