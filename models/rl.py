@@ -126,6 +126,10 @@ class RLConfig:
             None = `lam`.
         adaptive_lambda_alpha: > 0 makes the policy's λ length-adaptive, λ = 1 − 1/(α·T) per sequence of T
             tokens (VAPO §3.3, α = 0.05); 0 = the fixed `lam`.
+        critic_trust_ev: GAE runs with λ = 1 (Monte-Carlo returns, which a wrong critic cannot bias) until a
+            step's critic explains more than this share of the return variance (`explained_variance`); from the
+            next step on `lam`, `lam_critic` and `adaptive_lambda_alpha` apply (DIDPO.md v2, "Advantage").
+            0 = trust the critic from the first step.
         whiten_advantages: normalise the critic's advantages to zero mean and unit std over the batch's tokens.
         normalize_rewards: divide the critic's token rewards by the running std of sequence returns (seed §4.3).
         reward_clip: clip the critic's (normalised) token rewards to [−reward_clip, reward_clip]; 0 = no clipping.
@@ -183,6 +187,7 @@ class RLConfig:
     lam: float = 1.0
     lam_critic: float | None = None
     adaptive_lambda_alpha: float = 0.0
+    critic_trust_ev: float = 0.5
     whiten_advantages: bool = True
     normalize_rewards: bool = False
     reward_clip: float = 0.0
@@ -275,6 +280,8 @@ class RLConfig:
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"didpo.{name} must be in [0, 1], got {getattr(self, name)}")
+        if not 0 <= self.critic_trust_ev < 1:
+            raise ValueError(f"didpo.critic_trust_ev must be in [0, 1), got {self.critic_trust_ev}")
         if self.lam_critic is not None and not 0 <= self.lam_critic <= 1:
             raise ValueError(f"didpo.lam_critic must be in [0, 1] or null, got {self.lam_critic}")
         if not self.group_eps > 0:
@@ -776,6 +783,7 @@ def gae_advantages(
     old_values: torch.Tensor,
     completion_mask: torch.Tensor,
     cfg: RLConfig,
+    critic_trusted: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and value targets of didpo with a critic (DIDPO.md v2, "Advantage": γ = λ = 1 by default).
 
@@ -784,6 +792,8 @@ def gae_advantages(
         old_values: (B, T) the value head's predictions at rollout time.
         completion_mask: (B, T) 1 on real tokens.
         cfg: γ, λ, λ_critic, adaptive α, whitening.
+        critic_trusted: False until the critic has explained enough of the return variance (`critic_trusted`):
+            then λ = 1 for both advantages and returns, whatever `lam`, `lam_critic` and the adaptive α say.
 
     Returns:
         ``(advantages (B, T), returns (B, T))``: advantages with λ_policy (fixed `lam`, or 1 − 1/(α·T_i) per
@@ -792,15 +802,24 @@ def gae_advantages(
     """
     from models.advantages import adaptive_lambda, gae, whiten
 
-    lam_policy = cfg.lam
-    if cfg.adaptive_lambda_alpha > 0:
+    lam_policy = cfg.lam if critic_trusted else 1.0
+    if cfg.adaptive_lambda_alpha > 0 and critic_trusted:
         lam_policy = adaptive_lambda(completion_mask.sum(-1), cfg.adaptive_lambda_alpha)
     advantages, returns = gae(rewards, old_values, completion_mask, cfg.gamma, lam_policy)
-    if cfg.lam_critic is not None:
+    if cfg.lam_critic is not None and critic_trusted:
         _, returns = gae(rewards, old_values, completion_mask, cfg.gamma, cfg.lam_critic)
     if cfg.whiten_advantages and completion_mask.sum() >= 2:
         advantages = whiten(advantages, completion_mask)
     return advantages * completion_mask, returns * completion_mask
+
+
+def critic_trusted(history: Sequence[dict], cfg: RLConfig) -> bool:
+    """Whether GAE may use λ < 1 (DIDPO.md v2, "Advantage"): some earlier step's critic explained more than
+    ``cfg.critic_trust_ev`` of the return variance (``didpo/explained_variance`` in `history`, the emitted rows,
+    which an exact resume restores), or the threshold is 0."""
+    if cfg.critic_trust_ev <= 0:
+        return True
+    return any(row.get("didpo/explained_variance", float("-inf")) > cfg.critic_trust_ev for row in history)
 
 
 def group_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
@@ -1417,7 +1436,9 @@ def train_rl(
                 if cfg.kl_coef:
                     rewards = rewards - cfg.kl_coef * kl_k3(batch["old_per_token_logps"], ref_logps) * mask
                 rewards = _normalise_and_clip(rewards, mask, normaliser, cfg)
-                advantages, returns = gae_advantages(rewards, old_values, mask, cfg)
+                trusted = critic_trusted(history, cfg)
+                metrics["didpo/critic_trusted"] = float(trusted)
+                advantages, returns = gae_advantages(rewards, old_values, mask, cfg, trusted)
                 batch.update(advantages=advantages, returns=returns, old_values=old_values)
                 explained = explained_variance(old_values, returns, mask)
                 if explained is not None:

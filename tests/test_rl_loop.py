@@ -266,6 +266,27 @@ def test_didpo_advantages_by_hand_with_decoupled_lambdas():
     assert abs(real.mean().item()) < 1e-6 and real.std().item() == pytest.approx(1.0, abs=1e-4)
 
 
+def test_lambda_stays_1_until_the_critic_explains_enough_of_the_return_variance():
+    """DIDPO.md v2: GAE with λ = 1 until the critic explains > 0.5 of the return variance. Untrusted, the same
+    inputs as above give Monte-Carlo advantages R_t − V_t = [1.5 − 0.2, 1.5 − 0.4, 1.0 − 0.6] and reward-to-go
+    returns, whatever lam / lam_critic say."""
+    from models.rl import critic_trusted
+
+    rewards = torch.tensor([[0.0, 0.5, 1.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6]])
+    mask = torch.ones(1, 3)
+    cfg = RLConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=0.0, whiten_advantages=False))
+    advantages, returns = gae_advantages(rewards, values, mask, cfg, critic_trusted=False)
+    torch.testing.assert_close(advantages, torch.tensor([[1.3, 1.1, 0.4]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.5, 1.5, 1.0]]))
+    assert not critic_trusted([], cfg)
+    assert not critic_trusted([{"step": 1, "didpo/explained_variance": 0.5}, {"step": 2}], cfg)  # not above 0.5
+    assert critic_trusted([{"step": 1, "didpo/explained_variance": 0.51}, {"step": 2}], cfg)  # stays trusted
+    assert critic_trusted([], dataclasses.replace(cfg, critic_trust_ev=0.0))
+    with pytest.raises(ValueError, match="critic_trust_ev"):
+        RLConfig(**dict(BASE, critic_trust_ev=1.0))
+
+
 def test_token_reward_matrix_places_shaped_rewards_on_step_ends_and_the_sequence_reward_last():
     """The critic's rewards: w_did·F_j on step ends (a repeated end token sums its steps), R on the last token."""
     completion = SimpleNamespace(completion_ids=[5, 6, 7, 8, 9])
