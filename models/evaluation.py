@@ -82,7 +82,7 @@ def sample_and_verify(
     if sampler is None:
         completions = sample(model, tokenizer, prompts, sampling, progress=progress)
     else:
-        completions = sampler.sample(prompts, sampling)
+        completions = sampler.sample(prompts, sampling, progress=progress)
     jobs = [
         (assemble_program(p, c.code), p["test"], p["entry_point"])
         for p, samples in zip(problems, completions, strict=True)

@@ -149,20 +149,24 @@ class OpenVINOSampler:
             kwargs.update(temperature=config.temperature, top_p=config.top_p, top_k=0)
         return openvino_genai.GenerationConfig(**kwargs)
 
-    def sample(self, prompts: Sequence[str], config: SamplingConfig) -> list[list[Completion]]:
+    def sample(self, prompts: Sequence[str], config: SamplingConfig, progress: bool = True) -> list[list[Completion]]:
         """``config.n`` answers for each chat-rendered prompt (``completions[i][j]``, as `models.sampling.sample`).
 
         Prompts go to the engine ``config.batch_size // n`` at a time (left-padded, one call: 4 prompts × 16
         answers at the default 64 rows), each call seeded from ``(seed, index of its first prompt)``: the same
         prompts in the same order give the same answers, but a prompt's answers depend on the prompts it shares a
-        call with (unlike the torch sampler's per-answer seeds).
+        call with (unlike the torch sampler's per-answer seeds). ``progress``: a bar per prompt answered, with the
+        rate, the ETA and the generated tokens per second (stderr).
 
         Raises:
             ValueError: an empty prompt.
         """
+        import time
+
         import numpy as np
         import openvino as ov
         import openvino_genai
+        from tqdm.auto import tqdm
 
         prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         if any(not ids for ids in prompt_ids):
@@ -170,6 +174,8 @@ class OpenVINOSampler:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         per_call = max(1, config.batch_size // config.n)
         results: list[list[Completion]] = []
+        bar = tqdm(total=len(prompt_ids), desc="sampling (openvino)", unit="prompt", disable=not progress)
+        started, generated = time.perf_counter(), 0
         for start in range(0, len(prompt_ids), per_call):
             chunk = prompt_ids[start : start + per_call]
             width = max(len(ids) for ids in chunk)
@@ -186,6 +192,10 @@ class OpenVINOSampler:
                 if config.temperature == 0:
                     mine = mine * config.n  # greedy: one answer, the same n times
                 results.append([self._completion(ids, t, config) for t in mine])
+            generated += sum(len(t) for t in sequences)
+            bar.set_postfix(tok_s=f"{generated / max(time.perf_counter() - started, 1e-9):.0f}", refresh=False)
+            bar.update(len(chunk))
+        bar.close()
         return results
 
     def _completion(self, prompt_ids: list[int], tokens: list[int], config: SamplingConfig) -> Completion:
