@@ -337,11 +337,21 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     stages = "base_model,prepare,simulate_logs,validate,sft"
     command = [str(BIN / "didpo"), "run", "--no-push", "--stages", stages]
     log = tmp_path / "interrupted.log"
+    checkpoints = root / "data/checkpoints/sft/checkpoints"
+    shutil.rmtree(checkpoints, ignore_errors=True)  # an earlier test's SFT checkpoint would end the wait below at once
     with log.open("w") as out:
         proc = subprocess.Popen(
-            command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            command,
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            # as a terminal's foreground job: a test suite started in the background (`make test &`) runs with
+            # SIGINT ignored, which every child inherits and Python then keeps
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        checkpoints = root / "data/checkpoints/sft/checkpoints"
         deadline = time.monotonic() + 600
         while not list(checkpoints.glob("checkpoint-*")):  # SFT has trained and saved at least once
             assert proc.poll() is None, log.read_text()[-4000:]
