@@ -21,7 +21,7 @@ def prefect_api(tmp_path_factory):
     setup_environment(tmp_path_factory.mktemp("prefect-home"))
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=180):  # 30 s (the default) was missed once on shared cores
         yield
 
 
