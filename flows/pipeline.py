@@ -21,6 +21,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 
 from tasks.config import load_params
+from tasks.io import atomic_write_lines
 from tasks.tracking import pipeline_run
 
 
@@ -140,10 +141,7 @@ def record_stage_seconds(name: str, seconds: float) -> None:
     """Record a finished stage command's wall-clock seconds in `TIMINGS` (DVC runs the command only when the stage
     is out of date, so a skipped stage keeps the figure of the last time it did work)."""
     timings = read_stage_seconds() | {name: round(seconds, 1)}
-    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
-    tmp = TIMINGS.with_suffix(".tmp")
-    tmp.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
-    tmp.replace(TIMINGS)
+    atomic_write_lines(TIMINGS, [json.dumps(timings, indent=1, sort_keys=True)])
 
 
 def _duration(seconds: float | None) -> str:

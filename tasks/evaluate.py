@@ -94,9 +94,9 @@ class EvaluateConfig:
             model being measured and is not offered).
     """
 
-    val_per_family: int = 4
+    val_per_family: int = 5
     test_problems: int = 6
-    heldout_per_family: int = 4
+    heldout_per_family: int = 8
     humaneval_problems: int = 6
     humaneval_greedy: bool = True
     n_samples: int = 4
