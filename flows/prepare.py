@@ -10,6 +10,7 @@ from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json, write_lines
 from tasks.prepare import (
+    general_exercises,
     generated_problems,
     humaneval_problems,
     prepare_report,
@@ -25,6 +26,9 @@ HEADLINE_KEYS = (
     *(f"splits.{split}" for split in ("train", "val", "test", "heldout", "humaneval")),
     "leakage.group_overlap",
     "leakage.prompt_hash_collisions",
+    "exercise_decontamination.checked",
+    "exercise_decontamination.n_entry_points",
+    "exercise_decontamination.n_ngram_hits",
 )
 
 
@@ -35,6 +39,8 @@ def run(params_path: str = "params.yaml") -> dict:
     cfg = params.prepare
     with tracking.stage_run("prepare", params.tracking, cfg, inputs=cfg.user_problems):
         problems = generated_problems(cfg)
+        if cfg.include_exercises:
+            problems = problems + general_exercises()
         if cfg.include_humaneval:
             problems = problems + humaneval_problems()
         user_lines = [line for path in cfg.user_problems for line in user_problem_lines(path, cfg)]

