@@ -171,8 +171,18 @@ def _count_above(v: int) -> Spec:
 
 def _convert(v: int) -> Spec:
     kinds = (
-        ("celsius_to_fahrenheit", "celsius", "Convert a temperature from Celsius to Fahrenheit.", "celsius * 9 / 5 + 32"),
-        ("fahrenheit_to_celsius", "fahrenheit", "Convert a temperature from Fahrenheit to Celsius.", "(fahrenheit - 32) * 5 / 9"),
+        (
+            "celsius_to_fahrenheit",
+            "celsius",
+            "Convert a temperature from Celsius to Fahrenheit.",
+            "celsius * 9 / 5 + 32",
+        ),
+        (
+            "fahrenheit_to_celsius",
+            "fahrenheit",
+            "Convert a temperature from Fahrenheit to Celsius.",
+            "(fahrenheit - 32) * 5 / 9",
+        ),
         ("km_to_meters", "km", "Convert a distance in kilometres to metres.", "km * 1000"),
         ("hours_to_minutes", "hours", "Convert a duration in hours to minutes.", "hours * 60"),
         ("minutes_to_seconds", "minutes", "Convert a duration in minutes to seconds.", "minutes * 60"),
@@ -470,8 +480,7 @@ def _char_frequency(v: int) -> Spec:
         name,
         [(arg, "str")],
         "Dict[str, int]",
-        f"Return a dict mapping each character of `{arg}` to how many times it occurs, in order of first "
-        "appearance.",
+        f"Return a dict mapping each character of `{arg}` to how many times it occurs, in order of first appearance.",
         [
             ("start with an empty dict", "counts = {}"),
             (
@@ -582,7 +591,8 @@ def _caesar(v: int) -> Spec:
         [
             (
                 "shift the lowercase letters",
-                f"return ''.join(\n    chr((ord(c) - 97 + {shift}) % 26 + 97) if 'a' <= c <= 'z' else c for c in {arg}\n)",
+                "return ''.join(\n"
+                f"    chr((ord(c) - 97 + {shift}) % 26 + 97) if 'a' <= c <= 'z' else c for c in {arg}\n)",
             )
         ],
         [("abc",), ("xyz",), ("Hello, world!",), ("",), ("zebra 9",)],
@@ -618,9 +628,14 @@ def _interleave(v: int) -> Spec:
         f"Return the elements of `{a}` and `{b}` alternately, starting with `{a}`; when one list runs out, the "
         "rest of the other follows.",
         [
-            ("take pairs while both have elements", "result = []\n"
-             f"for x, y in zip({a}, {b}):\n    result.extend([x, y])"),
-            ("append what is left of the longer one", f"n = min(len({a}), len({b}))\nreturn result + {a}[n:] + {b}[n:]"),
+            (
+                "take pairs while both have elements",
+                f"result = []\nfor x, y in zip({a}, {b}):\n    result.extend([x, y])",
+            ),
+            (
+                "append what is left of the longer one",
+                f"n = min(len({a}), len({b}))\nreturn result + {a}[n:] + {b}[n:]",
+            ),
         ],
         [([1, 3], [2, 4]), ([], [1]), ([1, 2, 3], [9]), ([], []), ([5], [6, 7, 8])],
         ("zip(",),

@@ -86,7 +86,6 @@ def random_logps(b: int, seed: int) -> tuple[torch.Tensor, ...]:
 def trl_trainer(tmp_path_factory):
     """A minimal TRL DPOTrainer on the tiny model; its `_compute_loss` is called with a stub model that returns
     chosen log-probs we choose, so TRL's loss code runs on exactly our tensors."""
-    pytest.importorskip("trl")
     from datasets import Dataset
     from trl import DPOConfig as TRLConfig
     from trl import DPOTrainer
@@ -194,7 +193,6 @@ def test_simpo_and_orpo_equal_hand_computed_values():
 
 
 def test_simpo_and_orpo_terms_equal_trl_cpo_and_orpo_trainers():
-    pytest.importorskip("trl")
     from trl.experimental.cpo.cpo_trainer import CPOTrainer
     from trl.experimental.orpo.orpo_trainer import ORPOTrainer
 

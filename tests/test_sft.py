@@ -33,6 +33,7 @@ from models.sft import (
     evaluate_loss,
     explanation_sentence,
     render_answer,
+    render_messages,
     render_user_message,
     train_sft,
 )
@@ -447,3 +448,45 @@ def test_lora_on_the_last_layers_only_leaves_the_lower_layers_bit_identical(tmp_
         )
     with pytest.raises(ValueError, match="sft.lora_layers must be >= 0"):
         SFTConfig(lora_layers=-1)
+
+
+def test_answer_tokens_and_loss_equal_trl_sft_trainers(tmp_path):
+    """TRL 1.16's SFTTrainer (prompt-completion, completion-only loss) on our rendered messages: the same prompt
+    tokens, the same answer tokens up to the template's trailing newline after ``<|im_end|>`` (TRL trains on it; we
+    drop it, since the model stops at the eos and never generates it), and on one batch the same mean loss as
+    ``answer_nll / n_tokens``."""
+    from datasets import Dataset
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
+
+    model, tok = build_tiny_causal_lm(0)
+    rows = [*ROWS[:2], *ROWS[5:7]]
+    messages = [render_messages(r) for r in rows]
+    data = Dataset.from_list([{"prompt": m[:1], "completion": m[1:]} for m in messages])
+    args = TRLConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, report_to=[], use_cpu=True, save_strategy="no",
+        max_length=None, padding_free=False, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    ours = build_sft_examples(tok, rows)
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    theirs = [trainer.train_dataset[i] for i in range(len(rows))]
+    for mine, trl_row in zip(ours, theirs, strict=True):
+        assert trl_row["input_ids"] == mine["input_ids"] + newline  # the template's "\n" after <|im_end|>
+        assert trl_row["labels"] == mine["labels"] + newline  # -100 on exactly our prompt tokens
+    # The same batch through both losses: TRL's compute_loss (fused LM head on labelled positions) and ours.
+    batch = collate(ours, tok.pad_token_id)
+    model.train()  # dropout 0 in the tiny config: train mode changes nothing but TRL's metric bookkeeping
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(trainer.model, dict(batch))
+        nll, n = answer_nll(model, batch)
+    assert trl_loss.item() == pytest.approx(nll.item() / n, rel=1e-5)
+    # and on TRL's own collated batch (its tokens, the trailing newline included) the loss is ours on those tokens
+    trl_batch = trainer.data_collator(theirs)
+    with torch.no_grad():
+        trl_own = trainer.compute_loss(
+            trainer.model, {k: trl_batch[k] for k in ("input_ids", "attention_mask", "labels")}
+        )
+        nll_own, n_own = answer_nll(model, {k: trl_batch[k] for k in ("input_ids", "attention_mask", "labels")})
+    assert n_own == n + len(rows) * len(newline)
+    assert trl_own.item() == pytest.approx(nll_own.item() / n_own, rel=1e-5)
