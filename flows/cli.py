@@ -14,7 +14,7 @@ from unittest import mock
 
 import typer
 
-from flows.env import setup_environment
+from flows.env import PREFECT_UI, setup_environment
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -236,7 +236,7 @@ def ui() -> None:
     typer.echo(f"  {sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   → http://127.0.0.1:5000")
     typer.echo("Prefect (flow runs, deployments):")
     typer.echo(f"  PREFECT_HOME={os.environ['PREFECT_HOME']} {Path(sys.executable).parent}/prefect server start")
-    typer.echo("  → http://127.0.0.1:4200")
+    typer.echo(f'  → {PREFECT_UI} (the runs\' "View at" links point here)')
     typer.echo("DVC (stages, data versions): dvc dag; dvc status; dvc exp show")
 
 

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+PREFECT_UI = "http://127.0.0.1:4200"  # where `prefect server start` (see `didpo ui`) serves PREFECT_HOME's runs
+
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -38,3 +40,7 @@ def setup_environment(root: Path | None = None) -> None:
     # A stage run alone (no PREFECT_API_URL) starts Prefect's ephemeral server; on a busy 2-core box it can take
     # longer than Prefect's default 20 s to come up.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if not os.environ.get("PREFECT_API_URL"):
+        # Runs report to a temporary API (gone when the run ends) that writes PREFECT_HOME's database; `didpo ui`'s
+        # `prefect server start` serves that database at PREFECT_UI, so the "View at" links point there.
+        os.environ.setdefault("PREFECT_UI_URL", PREFECT_UI)

@@ -1,5 +1,7 @@
 """The didpo CLI: readable errors and exit codes before any flow starts."""
 
+import os
+
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -44,3 +46,28 @@ def test_ui_prints_both_uis():
     result = runner.invoke(app, ["ui"])
     assert result.exit_code == 0
     assert "mlflow ui --backend-store-uri" in result.output and "prefect server start" in result.output
+
+
+def test_flow_run_links_point_at_the_ui_that_serves_the_runs_database(monkeypatch, tmp_path):
+    """A run's own Prefect API is temporary; its "View at" links go to `didpo ui`'s server (same PREFECT_HOME), and a
+    team's API (PREFECT_API_URL set) keeps Prefect's own links."""
+    import uuid
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.utilities.urls import url_for
+
+    from flows.env import PREFECT_UI, setup_environment
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))  # restored afterwards, as the two below
+    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    setup_environment(tmp_path)
+    assert PREFECT_UI == "http://127.0.0.1:4200"
+    run_id = str(uuid.uuid4())
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:8230/api"}):  # the temporary server of a run
+        assert url_for("flow-run", obj_id=run_id) == f"{PREFECT_UI}/runs/flow-run/{run_id}"
+    assert f'{PREFECT_UI} (the runs\' "View at" links point here)' in runner.invoke(app, ["ui"]).output
+    monkeypatch.delenv("PREFECT_UI_URL")
+    monkeypatch.setenv("PREFECT_API_URL", "https://prefect.team.example/api")
+    setup_environment(tmp_path)
+    assert "PREFECT_UI_URL" not in os.environ
