@@ -226,8 +226,11 @@ def _stopped(text: str, config: SamplingConfig) -> bool:
     return any(s in text for s in config.stop)
 
 
-def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id):
-    """Decode one batch. `rows` is a list of (prompt_index, sample_index); returns one Completion per row."""
+def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id, on_step=None):
+    """Decode one batch. `rows` is a list of (prompt_index, sample_index); returns one Completion per row.
+
+    ``on_step(finished, new_tokens)``, when given, is called after every decode step with how many rows finished at it
+    and how many tokens it generated (one per live row)."""
     import torch
 
     device = next(model.parameters()).device
@@ -273,7 +276,10 @@ def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id):
                 reasons[row] = "stop"
             else:
                 keep.append(pos)
-        if not keep or step == config.max_new_tokens - 1:
+        last = not keep or step == config.max_new_tokens - 1
+        if on_step is not None:
+            on_step(len(active) if last else len(active) - len(keep), len(active))
+        if last:
             break
         if len(keep) < len(active):
             index = torch.tensor(keep, device=device)
@@ -324,7 +330,8 @@ def sample(
         tokenizer: its tokenizer; needs a pad or eos token.
         prompts: P prompt strings, e.g. from `build_chat_prompt`.
         config: see `SamplingConfig`.
-        progress: show a tqdm bar over prompts.
+        progress: show a tqdm bar over the P·n answers, advanced as each one finishes, with the tokens generated per
+            second (refreshed at least once a second while a batch decodes).
 
     Returns:
         ``completions[i][j]``: sample j of prompt i (P lists of n).
@@ -332,6 +339,8 @@ def sample(
     Raises:
         ValueError: the tokenizer has neither pad nor eos token, or a prompt is empty.
     """
+    import time
+
     import torch
     from tqdm.auto import tqdm
 
@@ -344,21 +353,31 @@ def sample(
     results: list[list[Completion]] = [[] for _ in prompts]
     was_training = model.training
     model.eval()
+    started, generated, shown = time.perf_counter(), 0, 0.0
+
+    def on_step(finished: int, new_tokens: int) -> None:
+        nonlocal generated, shown
+        generated += new_tokens
+        now = time.perf_counter()
+        bar.set_postfix(tok_s=f"{generated / max(now - started, 1e-9):.0f}", refresh=False)
+        bar.update(finished)
+        if now - shown >= 1.0:
+            bar.refresh()
+            shown = now
+
     try:
         with (
             torch.inference_mode(),
-            tqdm(total=len(prompts), desc="sampling", unit="prompt", disable=not progress) as bar,
+            tqdm(total=len(rows), desc="sampling", unit="answer", disable=not progress) as bar,
         ):
             for start in range(0, len(rows), config.batch_size):
                 batch = rows[start : start + config.batch_size]
                 for (i, _), completion in zip(
                     batch,
-                    _sample_batch(model, tokenizer, prompt_ids, batch, config, eos_ids, pad_id),
+                    _sample_batch(model, tokenizer, prompt_ids, batch, config, eos_ids, pad_id, on_step),
                     strict=True,
                 ):
                     results[i].append(completion)
-                    if len(results[i]) == config.n:
-                        bar.update(1)
     finally:
         model.train(was_training)
     return results

@@ -213,6 +213,29 @@ def test_eos_length_and_stop_string(parrot):
     assert c.finish_reason == "length" and len(c.completion_ids) == 3
 
 
+def test_progress_counts_every_answer_and_token_as_it_is_decoded(tiny, prompts, monkeypatch):
+    """The bar's callback: finished rows add up to the answers, new tokens to the tokens of the completions, and it
+    fires at every decode step (so the bar moves inside a batch, not once per batch)."""
+    import models.sampling as sampling
+
+    model, tokenizer = tiny
+    calls: list[tuple[int, int]] = []
+    original = sampling._sample_batch
+
+    def spy(*args):
+        *rest, on_step = args
+        return original(*rest, lambda finished, new: (calls.append((finished, new)), on_step(finished, new)))
+
+    monkeypatch.setattr(sampling, "_sample_batch", spy)
+    config = SamplingConfig(n=3, temperature=1.0, max_new_tokens=12, stop_on_code_block=False, batch_size=4, seed=1)
+    out = sampling.sample(model, tokenizer, prompts, config, progress=True)
+    answers = [c for per_prompt in out for c in per_prompt]
+    assert sum(f for f, _ in calls) == len(answers) == 3 * len(prompts)
+    assert sum(n for _, n in calls) == sum(len(c.completion_ids) for c in answers)
+    batches = -(-len(answers) // 4)
+    assert batches < len(calls) <= batches * 12  # once per decode step (≤ 12 a batch), not once per batch
+
+
 def test_sampling_restores_training_mode(tiny, prompts):
     model, tokenizer = tiny
     model.train()
