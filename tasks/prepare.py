@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.config import PrepareConfig
 from tasks.exercises import SOURCE as EXERCISES_SOURCE
-from tasks.exercises import humaneval_overlap
+from tasks.exercises import exercise_problems, humaneval_overlap
 from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
 from tasks.jsonl import parse_line
 
@@ -50,8 +50,6 @@ def generated_problems(cfg: PrepareConfig) -> list[dict]:
 @task
 def general_exercises() -> list[dict]:
     """The general Python exercises (:func:`tasks.exercises.exercise_problems`), split ``train``."""
-    from tasks.exercises import exercise_problems
-
     return exercise_problems()
 
 
@@ -115,11 +113,11 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
 
 def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
     """Counts per split, family and source, the leakage check (:func:`tasks.generate.leakage_report`) and the
-    exercises' decontamination against HumanEval (:func:`tasks.exercises.humaneval_overlap`; read from the wheel
-    when HumanEval is not among the problems)."""
+    exercises' decontamination against HumanEval (:func:`tasks.exercises.humaneval_overlap`; HumanEval is read from
+    the wheel when there are exercises and HumanEval is not among the problems)."""
     generated = [p for p in problems if p["source"].startswith("generated")]
     exercises = [p for p in problems if p["source"] == EXERCISES_SOURCE]
-    humaneval = [p for p in problems if p["source"] == "humaneval"] or humaneval_problems.fn()
+    humaneval = [p for p in problems if p["source"] == "humaneval"] or (humaneval_problems.fn() if exercises else [])
     return {
         "generator_version": GENERATOR_VERSION,
         "seed": cfg.seed,
