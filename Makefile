@@ -78,8 +78,12 @@ LARGE := -S didpo.steps=24 -S evaluate.val_per_family=1 -S evaluate.test_problem
 run-large: setup
 	$(BIN)/dvc exp run $(LARGE)
 
-bench: setup-dev
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+# Every benchmark, one at a time; each CHECK same_work and RESULT line goes to docs/results/benchmarks.md (with the
+# machine, date and commit) and each full output to docs/results/bench_logs/. The real-model ones need the base
+# model and the prepared problems, bench_generation the export environment.
+bench: setup-dev export-env
+	$(BIN)/dvc repro base_model prepare
+	$(BIN)/python benchmarks/run_all.py
 
 ui: setup
 	$(BIN)/didpo ui

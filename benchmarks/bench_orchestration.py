@@ -1,19 +1,23 @@
 """Orchestration overhead: the ``evaluate`` stage run through ``didpo stage evaluate`` vs its work called directly.
 
-    .venv/bin/python benchmarks/bench_orchestration.py [--problems 8] [--max-new-tokens 64] [--repeats 2]
+    .venv/bin/python benchmarks/bench_orchestration.py [--problems 8] [--max-new-tokens 64] [--repeats 3]
 
 Builds a scratch project (the real code, a tiny random model saved as the base and the SFT checkpoint, generated +
-HumanEval problems as the validated problem file, a small ``evaluate`` section) and times, each in a fresh process:
+HumanEval problems as the validated problem file, a small ``evaluate`` section: one val problem per family, one per
+held-out family, ``--problems`` test and HumanEval problems, the torch sampler) and times, each in a fresh process:
 
 - stage: ``didpo stage evaluate`` (CLI, params validation, the Prefect flow and its task runs, the MLflow run with
   metrics, table and artifacts, the verifier, the plots);
 - direct: a plain Python script doing the same work with the same functions (``evaluate_checkpoint.fn`` for each
-  checkpoint, the same JSON/Markdown/PNG outputs) without the CLI, Prefect or MLflow.
+  checkpoint, the protocol, the paired deltas, the same JSON/Markdown/PNG outputs) without the CLI, Prefect or
+  MLflow (and without the champion download, a no-op here: the scratch registry is empty).
 
 Both pay the interpreter and torch start-up. Stage processes talk to one Prefect API started here beforehand, as in
-``didpo run`` (one API for a whole pipeline run); starting an ephemeral API per stage is not counted. Runs alternate
-and each side keeps its fastest (the box is shared). Goal: overhead <= 10 %. Last line:
-``RESULT overhead_pct=<x> stage_s=<a> direct_s=<b> ratio=<direct/stage>``.
+``didpo run`` (one API for a whole pipeline run); starting an ephemeral API per stage is not counted. Same work is
+checked: every run of either side must write the same metrics (timings aside) and per-problem scores
+(``CHECK same_work=ok``, else ``FAIL`` and exit 1). Runs alternate (A B, B A, ...); each side's median seconds is
+reported with its range. Goal: overhead <= 10 %. Last line:
+``RESULT overhead_pct=<x> stage_s=<a> direct_s=<b> ratio=<direct/stage>`` (medians).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 import yaml
+from repeats import alternate, check_same_work, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -36,28 +41,49 @@ COPY = ["flows", "tasks", "models", "dvc.yaml", "params.yaml", "pyproject.toml"]
 
 DIRECT = """
 from pathlib import Path
-from flows.evaluate import CHECKPOINTS, METRICS, OUT, REPORT, SAMPLES, FIGURES, present_checkpoints, selection_prefix
+from flows.evaluate import (
+    CHECKPOINTS, DELTAS, FIGURES, HEADLINE, HISTORIES, METRICS, OUT, PER_PROBLEM, PROTOCOL, REPORT, SAMPLES,
+    evaluate_headline, present_checkpoints, selection_prefix,
+)
 from flows.validate import VALID_PROBLEMS
 from tasks.config import load_params
-from tasks.evaluate import SPLITS, comparison_markdown, evaluate_checkpoint, passk_rows, plot_passk
-from tasks.evaluate import resolve_engine, select_problems
-from tasks.io import atomic_write_lines, write_json
+from tasks.evaluate import (
+    SPLITS, comparison_markdown, deltas_markdown, evaluate_checkpoint, pass1_deltas, passk_rows, plot_history,
+    plot_passk, protocol_record, read_history, resolve_engine, select_problems,
+)
+from tasks.io import write_json, write_lines
 from tasks.measure import make_verifier
 
 params = load_params("params.yaml")
 cfg = params.evaluate
+checkpoints = {name: path for name, path in present_checkpoints().items() if name in cfg.checkpoints}
 problems = select_problems(VALID_PROBLEMS, cfg, selection_prefix(params))
-metrics = {}
+engine = resolve_engine(cfg)
+protocol = protocol_record(cfg, problems, engine)
+metrics, per_problem = {}, {}
 with make_verifier(params.verifier) as verifier:
-    for name, path in present_checkpoints().items():
-        metrics[name], _ = evaluate_checkpoint.fn(
-            path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, resolve_engine(cfg)
+    for name, path in checkpoints.items():
+        metrics[name], per_problem[name] = evaluate_checkpoint.fn(
+            path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, engine
         )
+families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
+deltas = pass1_deltas(per_problem, families, seed=cfg.seed)
+scores = {
+    name: {split: dict(zip(protocol["splits"][split], values, strict=True)) for split, values in s.items()}
+    for name, s in per_problem.items()
+}
 write_json.fn(metrics, METRICS)
-atomic_write_lines(REPORT, [comparison_markdown(metrics).rstrip("\\n")])
+write_json.fn(deltas, DELTAS)
+write_json.fn(evaluate_headline(metrics, deltas), HEADLINE)
+write_json.fn(protocol, PROTOCOL)
+write_json.fn({"protocol": protocol["id"], "champion_version": None, "checkpoints": scores}, PER_PROBLEM)
+write_lines.fn([comparison_markdown(metrics) + "\\n" + deltas_markdown(deltas).rstrip("\\n")], REPORT)
 for split in SPLITS:
     write_json.fn({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, OUT / f"passk_{split}.json")
 plot_passk(metrics, FIGURES / "passk.png")
+for stage, path in HISTORIES.items():
+    if path.is_file():
+        plot_history(read_history(path), f"{stage} training", FIGURES / f"training_{stage}.png")
 """
 
 
@@ -77,12 +103,14 @@ def build_project(root: Path, problems: int, max_new_tokens: int) -> None:
     for folder in ("data/checkpoints/base", "data/checkpoints/sft/merged"):
         model.save_pretrained(root / folder)
         tokenizer.save_pretrained(root / folder)
-    rows = generated_problems.fn(PrepareConfig(n_problems=120)) + humaneval_problems.fn()
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    heldout = tuple(params["prepare"]["heldout_families"])
+    rows = generated_problems.fn(PrepareConfig(n_problems=120, heldout_families=heldout)) + humaneval_problems.fn()
     (root / "data/validated").mkdir(parents=True)
     (root / "data/validated/problems.jsonl").write_text("".join(serialise(p) + "\n" for p in rows))
-    params = yaml.safe_load((root / "params.yaml").read_text())
     params["evaluate"].update(
-        val_problems=problems,
+        val_per_family=1,
+        heldout_per_family=1,
         test_problems=problems,
         humaneval_problems=problems,
         max_new_tokens=max_new_tokens,
@@ -90,6 +118,7 @@ def build_project(root: Path, problems: int, max_new_tokens: int) -> None:
         process_prefixes=2,
         consistency_samples=4,
         recovery_samples=2,
+        engine="torch",
     )
     params["verifier"]["workers"] = 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -108,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=8, help="problems per split")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; the median counts")
     args = parser.parse_args()
 
     from flows.env import TELEMETRY_OFF
@@ -133,24 +162,45 @@ def main() -> None:
         server = SubprocessASGIServer()
         server.start(timeout=180)
         env["PREFECT_API_URL"] = server.api_url
-        stage_times, direct_times = [], []
+        outputs: dict[str, list] = {"direct": [], "stage": []}
+
+        def run(side: str, command: list[str]) -> float:
+            seconds = timed(command, root, env)
+            outputs[side].append(measured(root))
+            return seconds
+
         try:
-            for i in range(args.repeats):
-                direct_times.append(timed([str(BIN / "python"), "-c", DIRECT], root, env))
-                metrics = json.loads((root / "data/evaluate/metrics.json").read_text())
-                stage_times.append(timed([str(BIN / "didpo"), "stage", "evaluate"], root, env))
-                print(f"run {i + 1}: direct {direct_times[-1]:.1f} s, stage {stage_times[-1]:.1f} s", flush=True)
+            seconds = alternate(
+                {
+                    "direct": lambda: run("direct", [str(BIN / "python"), "-c", DIRECT]),
+                    "stage": lambda: run("stage", [str(BIN / "didpo"), "stage", "evaluate"]),
+                },
+                args.repeats,
+            )
         finally:
             server.stop()
-        same = {n: {s: m for s, m in v.items() if s != "seconds"} for n, v in metrics.items()}
-        final = json.loads((root / "data/evaluate/metrics.json").read_text())
-        if same != {n: {s: m for s, m in v.items() if s != "seconds"} for n, v in final.items()}:
-            raise SystemExit("the stage and the direct call measured different metrics")
-        print(f"checkpoints {sorted(final)}; val pass@16: {[final[n]['val'].get('pass@16') for n in sorted(final)]}")
-    stage_s, direct_s = min(stage_times), min(direct_times)
+    first = outputs["direct"][0]
+    same = all(out == first for side in outputs.values() for out in side)
+    metrics = first[0]
+    check_same_work(
+        same,
+        f"metrics.json (without timings) and per_problem.json equal in all {2 * args.repeats} runs; checkpoints "
+        f"{sorted(metrics)}, val pass@1 {[metrics[n]['val'].get('pass@1') for n in sorted(metrics)]}"
+        if same
+        else "the stage and the direct call measured different metrics",
+    )
+    stage_s = spread("stage", seconds["stage"], "s")
+    direct_s = spread("direct", seconds["direct"], "s")
     overhead = 100.0 * (stage_s - direct_s) / direct_s
     ratio = direct_s / stage_s
     print(f"RESULT overhead_pct={overhead:.1f} stage_s={stage_s:.1f} direct_s={direct_s:.1f} ratio={ratio:.3f}")
+
+
+def measured(root: Path) -> tuple[dict, dict]:
+    """What a run measured: metrics.json without its wall-clock timings, and the per-problem scores."""
+    metrics = json.loads((root / "data/evaluate/metrics.json").read_text())
+    untimed = {n: {k: v for k, v in m.items() if k not in ("seconds", "export_seconds")} for n, m in metrics.items()}
+    return untimed, json.loads((root / "data/evaluate/per_problem.json").read_text())["checkpoints"]
 
 
 if __name__ == "__main__":

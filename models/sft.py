@@ -35,6 +35,7 @@ import math
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -499,6 +500,13 @@ def _fingerprint(cfg: SFTConfig, train: Sequence[dict], evals: Sequence[dict]) -
 
 
 def _autocast_factory(mixed_precision: str, device: str):
+    """A bf16 autocast context factory, or None (train in the weights' dtype).
+
+    ``auto``: bf16 on CUDA devices that support it, none elsewhere. ``bf16``: on any device; on a CPU without native
+    bf16 arithmetic (AVX512-BF16 or AMX, ``torch.cpu._is_avx512_bf16_supported``) it warns, since oneDNN then emulates
+    bf16: measured on an AMD EPYC (Zen 3, AVX2), one SmolLM2-135M SFT step did not finish in 330 s against 27 s in
+    fp32 (``benchmarks/bench_sft_recipe.py --bf16``, docs/results/bench_sft_recipe.txt). ``no``: none.
+    """
     import torch
 
     kind = device.split(":")[0]
@@ -506,6 +514,12 @@ def _autocast_factory(mixed_precision: str, device: str):
         use = kind == "cuda" and torch.cuda.is_bf16_supported()
     else:
         use = mixed_precision == "bf16"
+    if use and kind == "cpu" and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        warnings.warn(
+            "mixed_precision=bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated and a step is many times "
+            "slower than float32 (measured > 10x on an AVX2 CPU); use mixed_precision: auto or no here",
+            stacklevel=2,
+        )
     return (lambda: torch.autocast(kind, dtype=torch.bfloat16)) if use else None
 
 

@@ -31,6 +31,29 @@ regenerate (more often after a down-vote) and rate the next answer. Any event ma
 again with a new ``event_id`` and a ``ts`` seconds later. Some prompts and responses carry realistic PII (e-mails,
 phones, IPs, names in ``user:`` fields, API keys, ...) as real logs do; the raw strings are listed per event in the
 ground truth so that a test can check none of them survives mining.
+
+**Raters outside the miner's model** (opt-in, all off by default; the default output is byte-identical to the
+simulator without them). The miner (``tasks/mine.py``) assumes a rater either tracks quality or ignores it; these
+raters break that assumption in ways a production log can show. Each takes a share of *all* users (a seeded
+sample, drawn from its own random stream, replacing whatever base behaviour the user had) and is labelled in the
+ground truth's ``behaviour`` column:
+
+- ``length_biased``: prefers long answers regardless of quality. Up-votes a response iff its length ratio (its
+  characters over the median characters of that prompt's catalogue answers, all versions; the text as generated,
+  before any PII echo) exceeds a personal threshold; no noise. Within one user and prompt, every up-rated answer
+  is therefore longer than every down-rated one.
+- ``colluder``: a group who up-vote the same designated *wrong* responses (``collusion_targets`` incorrect
+  catalogue answers, at most one per prompt). A colluder up-votes a designated response with probability
+  ``collusion_p_up`` and rates everything else like a careful rater (own threshold, noise, slips), which is what
+  makes them hard to tell from honest raters. A share ``collusion_focus`` of their sessions is steered to a
+  designated response: the session's prompt and model version are those of a uniformly drawn target, which is
+  the first answer shown. The ground truth then has a ``collusion_target`` column (the event's response is one).
+- ``drifting``: the rater's standard is correctness (up iff the code passes its tests, i.e. quality > 0.5) but
+  the probability of rating by it, the accuracy ``a(t)``, changes with the event's time ``t`` (fraction of the
+  simulated period, clipped to [0, 1]): ``drift_mode="linear"`` decays it linearly from ``drift_accuracy[0]`` at
+  the start to ``drift_accuracy[1]`` at the end; ``drift_mode="step"`` keeps ``drift_accuracy[0]`` before
+  ``t = drift_step_at`` and ``drift_accuracy[1]`` from then on (``(1.0, 0.0)``: the standard flips part-way).
+  A wrong rating is the opposite click (P(up) = a(t) for a correct answer, 1 − a(t) for a wrong one).
 """
 
 from __future__ import annotations
@@ -64,6 +87,9 @@ QUALITY_SCALE = sum(QUALITY_WEIGHTS.values())
 
 EVENT_COLUMNS = EVENT_FIELDS
 BEHAVIOURS = ("careful", "upvoter", "downvoter", "random")
+"""The base behaviours, in the order of :attr:`SimSettings.behaviour_mix`."""
+EXTRA_BEHAVIOURS = ("length_biased", "colluder", "drifting")
+"""Opt-in behaviours outside the miner's model (module docstring), each a share of all users."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +119,17 @@ class SimSettings:
     whose prompt carries PII; pii_response_rate: share of events whose response echoes PII. days: length of the
     simulated period, starting at ``start`` (UTC). max_mutants_tried: mutants verified per problem before giving up
     on finding a broken one (the problem then only has correct answers).
+
+    Opt-in raters outside the miner's model (module docstring; every share defaults to 0 = off, shares are
+    fractions of all users, their sum ≤ 1): length_biased_share: users who up-vote iff the response's length
+    ratio (characters / median characters of the prompt's catalogue answers, dimensionless) exceeds a personal
+    threshold drawn uniformly from length_threshold. colluder_share: users in the colluding group;
+    collusion_targets: how many incorrect catalogue responses they up-vote (responses, at most one per prompt);
+    collusion_p_up: their probability of up-voting a target (probability); collusion_focus: share of a
+    colluder's sessions steered to a target (probability). drifting_share: users whose accuracy against
+    correctness drifts with time; drift_accuracy: (start, end) accuracy (probabilities); drift_mode: ``linear``
+    (decay from start to end over the period) or ``step`` (start before drift_step_at, end after);
+    drift_step_at: the step's time as a fraction of the simulated period ([0, 1]).
     """
 
     n_prompts: int = 300
@@ -116,6 +153,16 @@ class SimSettings:
     days: int = 30
     start: str = "2025-01-06T00:00:00"
     max_mutants_tried: int = 8
+    length_biased_share: float = 0.0
+    length_threshold: tuple[float, float] = (0.9, 1.1)
+    colluder_share: float = 0.0
+    collusion_targets: int = 20
+    collusion_p_up: float = 1.0
+    collusion_focus: float = 0.5
+    drifting_share: float = 0.0
+    drift_accuracy: tuple[float, float] = (0.97, 0.5)
+    drift_mode: str = "linear"
+    drift_step_at: float = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- code transforms
@@ -499,6 +546,88 @@ def _variant(
     return _Variant(text, problem["task_id"], version, features, quality, src.origin, secrets)
 
 
+# ------------------------------------------------------------------------------------- raters outside the model
+
+
+@dataclass
+class _ExtraRaters:
+    """The opt-in raters of the module docstring, drawn from a random stream of their own (the main stream, and so
+    everything about the other users, is untouched by whether they are on)."""
+
+    settings: SimSettings
+    side: np.random.Generator
+    kind: np.ndarray  # per user: -1 base behaviour, else the index in EXTRA_BEHAVIOURS
+    length_ratio: np.ndarray  # per variant: characters / median characters of its prompt's catalogue answers
+    length_thr: np.ndarray  # per user
+    correct: np.ndarray  # per variant
+    target: np.ndarray  # per variant: a colluders' designated response
+    target_pvk: np.ndarray  # (n_targets, 3): prompt, version, answer index of each designated response
+
+    @classmethod
+    def draw(cls, settings: SimSettings, seed: int, n_users: int, variants: list, vidx: np.ndarray):
+        shares = (settings.length_biased_share, settings.colluder_share, settings.drifting_share)
+        probabilities = (settings.collusion_p_up, settings.collusion_focus, *settings.drift_accuracy)
+        if not all(0.0 <= x <= 1.0 for x in shares + probabilities) or sum(shares) > 1.0 + 1e-9:
+            raise ValueError(
+                "simulate_logs: extra-rater shares and probabilities must lie in [0, 1], the shares sum to <= 1"
+            )
+        if settings.drift_mode not in ("linear", "step") or not 0.0 <= settings.drift_step_at <= 1.0:
+            raise ValueError("simulate_logs: drift_mode is 'linear' or 'step', drift_step_at in [0, 1]")
+        if settings.collusion_targets < 0:
+            raise ValueError("simulate_logs: collusion_targets must be >= 0")
+        if not any(shares):
+            return None
+        side = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
+        kind = np.full(n_users, -1, dtype=np.int64)
+        perm = side.permutation(n_users)
+        start = 0
+        for k, share in enumerate(shares):
+            n = min(int(round(share * n_users)), n_users - start)
+            kind[perm[start : start + n]] = k
+            start += n
+        length_thr = side.uniform(*settings.length_threshold, size=n_users)
+        chars = np.array([len(x.text) for x in variants], dtype=np.float64)
+        ratio = np.empty(len(variants))
+        correct = np.array([x.features["correct"] for x in variants], dtype=bool)
+        candidates = []
+        for p in range(vidx.shape[0]):
+            ids = vidx[p].ravel()
+            ratio[ids] = chars[ids] / np.median(chars[ids])
+            wrong = np.argwhere(~correct[vidx[p]])  # (version, answer) of the prompt's wrong answers
+            if len(wrong):
+                v, k = wrong[int(side.integers(len(wrong)))]
+                candidates.append((p, int(v), int(k)))
+        pick = side.permutation(len(candidates))[: settings.collusion_targets]
+        target_pvk = np.array([candidates[int(i)] for i in np.sort(pick)], dtype=np.int64).reshape(-1, 3)
+        target = np.zeros(len(variants), dtype=bool)
+        target[vidx[target_pvk[:, 0], target_pvk[:, 1], target_pvk[:, 2]]] = True
+        return cls(settings, side, kind, ratio, length_thr, correct, target, target_pvk)
+
+    def steer(self, s_user: np.ndarray, s_prompt: np.ndarray, s_version: np.ndarray, order: np.ndarray) -> None:
+        """Point a ``collusion_focus`` share of colluder sessions at a designated response, shown first (in place)."""
+        if not self.settings.colluder_share or not len(self.target_pvk):
+            return
+        hit = (self.kind[s_user] == 1) & (self.side.random(len(s_user)) < self.settings.collusion_focus)
+        j = self.side.integers(len(self.target_pvk), size=int(hit.sum()))
+        p, v, k = self.target_pvk[j].T
+        s_prompt[hit], s_version[hit] = p, v
+        rows = order[hit]
+        rest = rows[rows != k[:, None]].reshape(len(rows), order.shape[1] - 1)
+        order[hit] = np.column_stack([k, rest])
+
+    def p_up(self, p_up: np.ndarray, var: np.ndarray, s_user: np.ndarray, frac: np.ndarray, careful: np.ndarray):
+        """Up-vote probabilities with the extra raters' rules; ``frac``: each rating's time as a fraction of the
+        period; ``careful``: the careful-rater probability (with the rating user's threshold)."""
+        st, kind = self.settings, self.kind[s_user]
+        length = np.where(self.length_ratio[var] > self.length_thr[s_user], 1.0, 0.0)
+        collude = np.where(self.target[var], st.collusion_p_up, careful)
+        a0, a1 = st.drift_accuracy
+        f = np.clip(frac, 0.0, 1.0)
+        accuracy = a0 + (a1 - a0) * f if st.drift_mode == "linear" else np.where(f < st.drift_step_at, a0, a1)
+        drift = np.where(self.correct[var], accuracy, 1.0 - accuracy)
+        return np.select([kind == 0, kind == 1, kind == 2], [length, collude, drift], p_up)
+
+
 # ---------------------------------------------------------------------------------------------- the simulation
 
 
@@ -542,10 +671,12 @@ def simulate_logs(
         milliseconds and ``Z``; rating: ``up``/``down``), sorted by ts. ``ground_truth`` has one row per event:
         ``event_id, user_id, behaviour, task_id, response_id, origin, quality`` (∈ [0, 1]), the six features of
         :data:`QUALITY_WEIGHTS` as booleans, ``double_click_of`` (the original event_id, or None) and ``pii`` (the
-        list of raw PII/secret strings in the event's prompt and response).
+        list of raw PII/secret strings in the event's prompt and response); with colluders on, also
+        ``collusion_target`` (bool). ``behaviour`` is one of :data:`BEHAVIOURS` or, for the opt-in raters,
+        :data:`EXTRA_BEHAVIOURS`.
 
     Raises:
-        ValueError: no problems, ``n_events < 1`` or ``n_users < 1``.
+        ValueError: no problems, ``n_events < 1`` or ``n_users < 1``; an opt-in rater setting out of range.
     """
     if not problems or n_events < 1 or n_users < 1:
         raise ValueError("simulate_logs: need at least one problem, one event and one user")
@@ -574,6 +705,7 @@ def simulate_logs(
     threshold = rng.uniform(*settings.careful_threshold, size=n_users)
     random_up = rng.uniform(*settings.random_p_up, size=n_users)
     popularity = rng.lognormal(0.0, 0.7, size=len(chosen))
+    extra = _ExtraRaters.draw(settings, seed, n_users, variants, vidx)  # None unless an opt-in rater is on
 
     # Sessions: one prompt each, up to `k_resp` answers (regenerations), rated one after another.
     period_s = settings.days * 86400.0
@@ -585,6 +717,8 @@ def simulate_logs(
         rollout = np.clip(s_start / period_s + rng.normal(0.0, 0.15, size=n_sessions), 0.0, 0.999)
         s_version = (rollout * n_versions).astype(np.int64)
         order = rng.permuted(np.tile(np.arange(k_resp), (n_sessions, 1)), axis=1)
+        if extra is not None:
+            extra.steer(s_user, s_prompt, s_version, order)
         active = np.ones(n_sessions, dtype=bool)
         t = s_start.copy()
         rows = []
@@ -599,6 +733,8 @@ def simulate_logs(
                 [careful, settings.upvoter_p_up, settings.downvoter_p_up],
                 random_up[s_user],
             )
+            if extra is not None:
+                p_up = extra.p_up(p_up, var, s_user, t / period_s, careful)
             up = rng.random(n_sessions) < p_up
             idx = np.flatnonzero(active)
             rows.append((np.stack([idx, var[idx], up[idx]], axis=1), t[idx]))
@@ -661,6 +797,9 @@ def simulate_logs(
     user_ids = np.array([f"u{i:0{width}d}" for i in range(n_users)], dtype=object)[users]
     double_of = np.full(len(keep), None, dtype=object)
     double_of[dup] = event_ids[src]
+    labels = np.array(BEHAVIOURS, dtype=object)[behaviour[users]]
+    if extra is not None:
+        labels = np.where(extra.kind[users] >= 0, np.array(EXTRA_BEHAVIOURS, dtype=object)[extra.kind[users]], labels)
     pii_col = np.empty(len(keep), dtype=object)
     pii_col[:] = [list(x) for x in pii]
     order = np.lexsort((event_ids.astype(str), stamps.astype(np.int64)))
@@ -685,7 +824,7 @@ def simulate_logs(
         {
             "event_id": event_ids,
             "user_id": user_ids,
-            "behaviour": np.array(BEHAVIOURS, dtype=object)[behaviour[users]],
+            "behaviour": labels,
             "task_id": np.array([x.task_id for x in variants], dtype=object)[var],
             "response_id": var.astype(np.int64),
             "origin": np.array([x.origin for x in variants], dtype=object)[var],
@@ -693,6 +832,7 @@ def simulate_logs(
             **{f: np.array([x.features[f] for x in variants], dtype=bool)[var] for f in QUALITY_WEIGHTS},
             "double_click_of": double_of,
             "pii": pii_col,
+            **({"collusion_target": extra.target[var]} if extra is not None and settings.colluder_share else {}),
         }
     )
     return events, truth

@@ -490,3 +490,26 @@ def test_answer_tokens_and_loss_equal_trl_sft_trainers(tmp_path):
         nll_own, n_own = answer_nll(model, {k: trl_batch[k] for k in ("input_ids", "attention_mask", "labels")})
     assert n_own == n + len(rows) * len(newline)
     assert trl_own.item() == pytest.approx(nll_own.item() / n_own, rel=1e-5)
+
+
+def test_bf16_on_a_cpu_without_native_bf16_warns_and_auto_stays_float32(monkeypatch):
+    """``auto`` never autocasts on CPU; ``bf16`` there warns when the CPU lacks AVX512-BF16 and AMX (oneDNN emulates
+    bf16: > 10x slower a step, measured) and not when it has them; ``no`` never autocasts."""
+    import warnings
+
+    import torch
+
+    from models.sft import _autocast_factory
+
+    assert _autocast_factory("auto", "cpu") is None
+    assert _autocast_factory("no", "cpu") is None
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    with pytest.warns(UserWarning, match="bf16 is emulated"):
+        factory = _autocast_factory("bf16", "cpu")
+    with factory():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _autocast_factory("bf16", "cpu") is not None

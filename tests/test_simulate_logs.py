@@ -18,6 +18,7 @@ from tasks.pii import scrub_text
 from tasks.simulate_logs import (
     BEHAVIOURS,
     EVENT_COLUMNS,
+    EXTRA_BEHAVIOURS,
     PII_KINDS,
     QUALITY_SCALE,
     QUALITY_WEIGHTS,
@@ -348,3 +349,138 @@ def test_bad_arguments():
         simulate_logs(PROBLEMS, n_events=0, n_users=2, seed=0, check=exec_check)
     with pytest.raises(ValueError, match="unknown PII kind"):
         make_pii("favourite colour", np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------------- raters outside the miner's model
+
+
+def _md5_jsonl(frame: pd.DataFrame) -> str:
+    """md5 of ``frame`` as the simulate_logs stage writes it (tasks.feedback.write_frame: one JSON object a line)."""
+    import hashlib
+    import json
+
+    h = hashlib.md5()
+    for row in frame.to_dict(orient="records"):
+        h.update((json.dumps(row, ensure_ascii=False, default=str) + "\n").encode())
+    return h.hexdigest()
+
+
+def _frac(events: pd.DataFrame, settings: SimSettings) -> np.ndarray:
+    """Each event's time as a fraction of the simulated period."""
+    ts = pd.to_datetime(events["ts"], utc=True, format="ISO8601")
+    return ((ts - pd.Timestamp(settings.start, tz="UTC")) / pd.Timedelta(days=settings.days)).to_numpy()
+
+
+def test_extra_raters_are_off_by_default_and_leave_the_output_byte_identical():
+    events, truth = simulate_logs(PROBLEMS, n_events=3000, n_users=80, seed=0, check=exec_check)
+    # The md5s of the simulator before the opt-in raters existed (git 19e421a): the default output must not move.
+    assert _md5_jsonl(events) == "1ae421c129bbdbbfedb18e5bbef5e890"
+    assert _md5_jsonl(truth) == "282d37cd677c6829427c93dfa987ca78"
+    # Their other knobs do nothing while every share is 0.
+    idle = SimSettings(drift_mode="step", drift_accuracy=(1.0, 0.0), collusion_targets=3, length_threshold=(0, 9))
+    again_events, again_truth = simulate_logs(PROBLEMS, 3000, 80, 0, exec_check, settings=idle)
+    pd.testing.assert_frame_equal(events, again_events)
+    pd.testing.assert_frame_equal(truth, again_truth)
+    assert set(truth["behaviour"]) == set(BEHAVIOURS) and "collusion_target" not in truth.columns
+
+
+def test_extra_raters_replace_a_share_of_users_and_leave_the_rest_alone():
+    _, base = simulate_logs(PROBLEMS, n_events=3000, n_users=80, seed=0, check=exec_check)
+    settings = SimSettings(length_biased_share=0.25, colluder_share=0.125, drifting_share=0.25)
+    _, truth = simulate_logs(PROBLEMS, 3000, 80, 0, exec_check, settings=settings)
+    per_user = truth.drop_duplicates("user_id").set_index("user_id")["behaviour"]
+    before = base.drop_duplicates("user_id").set_index("user_id")["behaviour"]
+    # Users are drawn from all 80 (20 / 10 / 20 of them); the inactive ones never show up in the log.
+    assert per_user.isin(EXTRA_BEHAVIOURS).sum() <= 50
+    counts = per_user.value_counts()
+    assert 15 <= counts["length_biased"] <= 20 and 7 <= counts["colluder"] <= 10 and 15 <= counts["drifting"] <= 20
+    # Everyone else keeps the base behaviour drawn from the main random stream.
+    rest = per_user[~per_user.isin(EXTRA_BEHAVIOURS)]
+    common = rest.index.intersection(before.index)
+    assert len(common) >= 25 and (rest.loc[common] == before.loc[common]).all()
+
+
+def test_length_biased_raters_always_choose_the_longer_response():
+    settings = SimSettings(length_biased_share=1.0, pii_response_rate=0.0)
+    events, truth = simulate_logs(PROBLEMS, n_events=5000, n_users=100, seed=2, check=exec_check, settings=settings)
+    assert (truth["behaviour"] == "length_biased").all()
+    e = pd.DataFrame(
+        {
+            "user": events["user_id"],
+            "task": truth["task_id"],
+            "rid": truth["response_id"],
+            "n": events["response"].str.len(),
+            "q": truth["quality"],
+            "up": events["rating"].eq("up"),
+        }
+    )
+    pairs = e[e["up"]].merge(e[~e["up"]], on=["user", "task"], suffixes=("_c", "_r"))
+    pairs = pairs[pairs["rid_c"] != pairs["rid_r"]]
+    assert len(pairs) > 200
+    assert (pairs["n_c"] > pairs["n_r"]).all()  # the chosen is the longer response in every rating pair
+    assert (pairs["q_c"] < pairs["q_r"]).any()  # ... regardless of quality
+    # The same response is never rated both ways by one user (a deterministic rule, no noise).
+    both = e.groupby(["user", "rid"])["up"].nunique()
+    assert (both == 1).all()
+
+
+def test_colluders_upvote_the_designated_wrong_responses():
+    settings = SimSettings(colluder_share=0.2, collusion_targets=5, collusion_focus=1.0)
+    events, truth = simulate_logs(PROBLEMS, n_events=6000, n_users=150, seed=4, check=exec_check, settings=settings)
+    colluder = truth["behaviour"].eq("colluder").to_numpy()
+    target = truth["collusion_target"].to_numpy()
+    up = events["rating"].eq("up").to_numpy()
+    assert truth.loc[colluder, "user_id"].nunique() <= 30  # round(0.2 · 150)
+    assert truth.loc[target, "response_id"].nunique() == 5
+    assert truth.loc[target, "task_id"].nunique() == 5  # at most one per prompt
+    assert not truth.loc[target, "correct"].any()  # designated responses are wrong ones
+    assert (colluder & target).sum() > 100
+    assert up[colluder & target].all()  # collusion_p_up = 1: every colluder rating of a target is up
+    assert up[~colluder & target].mean() < 0.7  # the others mostly do not
+    # collusion_focus = 1: every colluder session is on a target's prompt, the target shown first.
+    first = events.assign(target=target).loc[colluder].groupby("session_id", sort=False).head(1)
+    assert first["target"].all()
+    # Off the targets a colluder rates like a careful rater.
+    q = truth["quality"].to_numpy()
+    rest = colluder & ~target
+    assert q[rest & up].mean() - q[rest & ~up].mean() > 0.3
+
+
+def test_drifting_raters_flip_their_standard_at_the_step():
+    settings = SimSettings(
+        drifting_share=1.0, drift_mode="step", drift_accuracy=(1.0, 0.0), drift_step_at=0.5, double_click_rate=0.0
+    )
+    events, truth = simulate_logs(PROBLEMS, n_events=4000, n_users=100, seed=5, check=exec_check, settings=settings)
+    assert (truth["behaviour"] == "drifting").all()
+    right = events["rating"].eq("up").to_numpy() == truth["correct"].to_numpy()
+    f = _frac(events, settings)
+    margin = 1.0 / (settings.days * 86400)  # one second around the step (timestamps are rounded to ms)
+    early, late = f < 0.5 - margin, f >= 0.5 + margin
+    assert early.sum() > 1000 and late.sum() > 1000
+    assert right[early].all()  # accuracy 1.0 before the step
+    assert not right[late].any()  # 0.0 after: up-votes exactly the wrong answers
+
+
+def test_drifting_raters_decay_linearly():
+    settings = SimSettings(drifting_share=1.0, drift_accuracy=(0.97, 0.5))
+    events, truth = simulate_logs(PROBLEMS, n_events=8000, n_users=200, seed=6, check=exec_check, settings=settings)
+    right = events["rating"].eq("up").to_numpy() == truth["correct"].to_numpy()
+    f = _frac(events, settings)
+    first, last = f < 0.2, (f >= 0.7) & (f < 0.9)
+    assert first.sum() > 1000 and last.sum() > 1000
+    expected = 0.97 + (0.5 - 0.97) * np.clip(f, 0, 1)  # a(t), linear over the period
+    # Each window's correct-rating rate matches the mean accuracy there (≈ 0.92 and ≈ 0.6; binomial sd ≈ 0.015).
+    assert abs(right[first].mean() - expected[first].mean()) < 0.05
+    assert abs(right[last].mean() - expected[last].mean()) < 0.05
+    assert right[first].mean() - right[last].mean() > 0.25
+
+
+def test_extra_rater_settings_are_checked():
+    for bad in (
+        SimSettings(length_biased_share=0.6, drifting_share=0.6),
+        SimSettings(colluder_share=-0.1),
+        SimSettings(drifting_share=0.1, drift_mode="sideways"),
+        SimSettings(drifting_share=0.1, drift_accuracy=(1.2, 0.5)),
+    ):
+        with pytest.raises(ValueError, match="simulate_logs"):
+            simulate_logs(PROBLEMS, n_events=100, n_users=10, seed=0, check=exec_check, settings=bad)
