@@ -3,9 +3,10 @@ against TRL's ``GRPOTrainer`` (trl 1.16.0).
 
 Same work on both sides, one process, CPU, float32:
 
-- the same randomly initialised Llama as benchmarks/bench_sft.py's `build_model` with its default vocabulary
-  (hidden 256, 4 layers, 4 heads / 2 kv heads, MLP 640, vocabulary 8192; the tiny project tokenizer uses the first
-  384 ids), the same LoRA adapters (r 16, alpha 32, dropout 0, every linear layer but the LM head);
+- the same randomly initialised Llama as benchmarks/bench_sft.py's `build_model` (hidden 256, 4 layers, 4 heads /
+  2 kv heads, MLP 640, vocabulary 2880 so that the LM head is 21% of the matmul work per token, as in SmolLM2-135M;
+  the tiny project tokenizer uses the first 384 ids), the same LoRA adapters (r 16, alpha 32, dropout 0, every
+  linear layer but the LM head);
 - the same prompts (the chat-rendered user messages of generated data-cleaning problems, `models.prompts`),
   `--prompts` prompts × `--group-size` samples per iteration, sampled at temperature 1, top-p 1, no top-k (TRL's
   ``GRPOConfig.top_k`` defaults to 0), up to `--max-new-tokens` tokens, stopping at eos (a random model rarely
@@ -366,7 +367,7 @@ def main() -> None:
     _, tokenizer = build_model()
     lengths = [len(tokenizer(build_chat_prompt(tokenizer, user_message(p)))["input_ids"]) for p in problems]
     print(
-        f"model: Llama h256 L4 V8192 + LoRA r16 (all linear), fp32 CPU, {threads} thread(s); {args.prompts} prompts "
+        f"model: Llama h256 L4 V2880 + LoRA r16 (all linear), fp32 CPU, {threads} thread(s); {args.prompts} prompts "
         f"({min(lengths)}-{max(lengths)} tokens) x {args.group_size} samples of <= {args.max_new_tokens} tokens per "
         f"iteration; {args.warmup} warm-up + {args.steps} timed iterations, {args.repeats} rounds",
         flush=True,
