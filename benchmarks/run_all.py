@@ -103,7 +103,7 @@ def main() -> None:
     logs = args.out.parent / "bench_logs"
     logs.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
-    kept = {}
+    kept: dict[str, str] = {}
     if args.only and args.out.exists():
         for line in args.out.read_text().splitlines():
             m = re.match(r"\| (bench_\w+) \|", line)
@@ -113,19 +113,19 @@ def main() -> None:
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    results = {name: run(name, BENCHMARKS[name], logs) for name in names}
-    table = {**kept, **{name: row(name, r) for name, r in results.items()}}
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = (
+    head = (
         "# Benchmarks (written by `make bench`, `benchmarks/run_all.py`)\n\n"
-        f"Machine: {machine()}. Last run {stamp} ({', '.join(names)}), commit {commit.stdout.strip()}"
+        f"Machine: {machine()}. Run started {stamp} ({', '.join(names)}), commit {commit.stdout.strip()}"
         f"{' with uncommitted changes' if dirty else ''}. Each benchmark's full output: `bench_logs/<name>.txt`.\n"
         "Every ratio is ours / the peer's on the same work (the CHECK column says what was compared); the figure is "
         "the median of alternating repeats unless the RESULT line says otherwise.\n\n"
-        + HEADER
-        + "".join(table[name] for name in BENCHMARKS if name in table)
     )
-    args.out.write_text(text)
+    results = {}
+    for name in names:  # the file is rewritten after each benchmark, so a stop loses only the one running
+        results[name] = run(name, BENCHMARKS[name], logs)
+        kept[name] = row(name, results[name])
+        args.out.write_text(head + HEADER + "".join(kept[n] for n in BENCHMARKS if n in kept))
     print(f"wrote {args.out}")
     failed = [name for name, r in results.items() if not r["ok"]]
     if failed:
