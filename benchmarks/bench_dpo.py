@@ -66,6 +66,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import repeats
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sft import (  # noqa: E402  (the same model, problems and TRL set-up as the SFT benchmark)
     CHECK_RTOL,
@@ -300,9 +302,7 @@ def main() -> None:
         flush=True,
     )
     passed, what = check_same_work(pairs, args)
-    print(f"CHECK same_work={'ok' if passed else 'FAIL'} {what}", flush=True)
-    if not passed:
-        sys.exit(1)
+    repeats.check_same_work(passed, what)
     ours, trl = time_alternately(
         lambda: run_ours(pairs, args), lambda: run_trl(pairs, args), args.repeats, "steps/s", digits=3
     )

@@ -64,6 +64,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_sft import build_model, make_problems  # noqa: E402  (the same model and problems as the SFT bench)
+from repeats import check_same_work  # noqa: E402
 
 # Tolerances of the first-update check (see the module docstring)
 CHECK_ADV_ATOL = 1e-5
@@ -394,8 +395,7 @@ def main() -> None:
 
     same, loss_check = check_first_loss(problems, args)
     if not same:
-        print(f"CHECK same_work=FAIL {loss_check}")
-        sys.exit(1)
+        check_same_work(False, loss_check)
 
     runs: dict[str, list[Run]] = {"ours": [], "trl": []}
     with Verifier(VerifierConfig(workers=2)) as verifier:
@@ -431,13 +431,13 @@ def main() -> None:
     if len(params["ours"] | params["trl"]) != 1:
         problems_found.append(f"trainable parameters ours {params['ours']} vs trl {params['trl']}")
     if problems_found:
-        print(f"CHECK same_work=FAIL {'; '.join(problems_found)}")
-        sys.exit(1)
-    print(
-        f"CHECK same_work=ok {loss_check}; timed runs: {budget} completions in each of {iterations} iterations x "
+        check_same_work(False, "; ".join(problems_found))
+    check_same_work(
+        True,
+        f"{loss_check}; timed runs: {budget} completions in each of {iterations} iterations x "
         f"{args.repeats} rounds a side, generated tokens (eos included) ours {tokens['ours']} trl {tokens['trl']} "
         f"of a budget of {budget * args.max_new_tokens * iterations * args.repeats}, "
-        f"{params['ours'].pop()} trainable parameters each"
+        f"{params['ours'].pop()} trainable parameters each",
     )
     ours, trl = medians["ours"], medians["trl"]
     print(f"RESULT ours={ours:.2f} trl={trl:.2f} ratio={ours / trl:.3f}")

@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+from repeats import check_same_work
+
 TEMPERATURE, TOP_P = 0.8, 0.95
 PEER_SEED = 0
 
@@ -117,8 +119,7 @@ def main() -> None:
     peer_greedy = generate(model, tokenizer, prompts, 1, args.check_tokens, False, eos, pad_id)
     differ = [i for i, (a, b) in enumerate(zip(ours_greedy, peer_greedy, strict=True)) if a != b]
     if differ:
-        print(f"CHECK same_work=FAIL greedy answers (<= {args.check_tokens} tokens) differ on prompts {differ}")
-        sys.exit(1)
+        check_same_work(False, f"greedy answers (<= {args.check_tokens} tokens) differ on prompts {differ}")
     greedy_tokens = sum(len(ids) for ids in ours_greedy)
 
     # ---- timed rounds, the first side alternating
@@ -160,13 +161,13 @@ def main() -> None:
 
     unstable = [name for name, counts in tokens.items() if len(set(counts)) > 1]
     if unstable:
-        print(f"CHECK same_work=FAIL the seeded token counts changed between rounds for {unstable}: {tokens}")
-        sys.exit(1)
-    print(
-        f"CHECK same_work=ok greedy answers of {len(prompts)} prompts equal token for token ({greedy_tokens} tokens, "
+        check_same_work(False, f"the seeded token counts changed between rounds for {unstable}: {tokens}")
+    check_same_work(
+        True,
+        f"greedy answers of {len(prompts)} prompts equal token for token ({greedy_tokens} tokens, "
         f"<= {args.check_tokens} each); timed rounds generated {tokens['ours'][0]} (ours) and "
         f"{tokens['generate'][0]} (generate) tokens each round, {len(prompts) * args.n} answers of <= "
-        f"{args.max_new_tokens} tokens a side, counted to and including eos"
+        f"{args.max_new_tokens} tokens a side, counted to and including eos",
     )
     ours_median, peer_median = medians["ours"], medians["generate"]
     print(f"RESULT ours={ours_median:.1f} generate={peer_median:.1f} ratio={ours_median / peer_median:.3f}")
