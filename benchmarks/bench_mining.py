@@ -203,9 +203,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from models.verifier import Verifier, VerifierConfig
-    from tasks.config import PrepareConfig
+    from tasks.config import MineConfig, PrepareConfig
     from tasks.generate import assign_splits, generate_problems
-    from tasks.mine import MineConfig, mine_pairs
+    from tasks.mine import mine_pairs
     from tasks.simulate_logs import SimSettings, simulate_logs
 
     prep = PrepareConfig()

@@ -9,8 +9,10 @@ Same work on both sides, one process, CPU, float32:
   linear layer but the LM head);
 - the same prompts (the chat-rendered user messages of generated data-cleaning problems, `models.prompts`),
   `--prompts` prompts × `--group-size` samples per iteration, sampled at temperature 1, top-p 1, no top-k (TRL's
-  ``GRPOConfig.top_k`` defaults to 0), up to `--max-new-tokens` tokens, stopping at eos only (ours:
-  `eos_only_rollouts`; a random model rarely does, so completions run to the limit on both sides);
+  ``GRPOConfig.top_k`` defaults to 0), every completion exactly `--max-new-tokens` tokens long on both sides (TRL:
+  ``generation_kwargs={"min_new_tokens": ...}``, eos masked out; ours: `full_budget_rollouts`, no stop token): with
+  stopping at eos, each side's random model drew eos at its own random times, and the recorded token totals
+  differed by 5.04% (ours 7,293 vs TRL's 7,680) with no way to tell work from luck;
 - the same reward: the fraction of unit tests passed, from the same sandboxed verifier (`models.verifier`);
 - the same update: group-normalised advantages (std + 1e-4), clipped surrogate ε = 0.2 with per-sequence
   aggregation (TRL ``loss_type="grpo"``), no KL term (β = 0, no reference forward), one optimizer step per
@@ -38,10 +40,9 @@ RESULT):
    advantages and gradient 0 on both sides), and the completion masks are cut to varying lengths
    (`varied_lengths`) before both losses (a random model runs every completion to the limit, and with equal
    lengths a per-sequence and a token-level mean coincide);
-2. in the timed runs, the completions and the generated tokens (up to and including eos: our ``completion_ids``,
-   TRL's ``completion_ids`` handed to the reward function, cut after the first eos in ``_generate_single_turn``) of
-   every iteration: the completion counts must be equal, both sides' token totals within `TOKEN_RTOL` of each other
-   (they differ only when a sample happens to draw eos), and the trainable parameters equal.
+2. in the timed runs, the completions and the generated tokens (our ``completion_ids``, TRL's ``completion_ids``
+   handed to the reward function) of every iteration: the completion counts must be equal, both sides' token totals
+   equal to the whole budget (completions × max new tokens), and the trainable parameters equal.
 
 Throughput = completions of the timed iterations / their wall time (samples/s), measured from the end of the last
 warm-up iteration to the end of the last one. `--repeats` rounds each run both sides, the first side alternating
@@ -70,8 +71,6 @@ from repeats import check_same_work  # noqa: E402
 CHECK_ADV_ATOL = 1e-5
 CHECK_LOSS_ATOL = 1e-6
 CHECK_GRAD_RTOL = 1e-4
-# Largest relative difference between the two sides' generated tokens in the timed runs
-TOKEN_RTOL = 0.05
 
 
 @dataclass
@@ -147,6 +146,9 @@ def grpo_config(out: str, args, steps: int):
         disable_tqdm=True,
         dataloader_num_workers=0,
         seed=0,
+        # eos masked out until the budget is spent (transformers' MinNewTokensLengthLogitsProcessor): every completion
+        # is max_completion_length tokens, as ours (`full_budget_rollouts`)
+        generation_kwargs={"min_new_tokens": args.max_new_tokens},
     )
 
 
@@ -167,27 +169,28 @@ def trl_dataset(problems):
     return Dataset.from_list(rows)
 
 
-def eos_only_rollouts() -> None:
-    """Our rollouts stop at eos only, as TRL's do: `models.rl` samples with `models.sampling.SamplingConfig`, whose
-    ``stop_on_code_block`` (on in the pipeline: nothing after a closed code block is graded) ends a sample as soon as
-    a fenced block closes; TRL has no such stop. Switched off here, in this process only, as in
-    benchmarks/bench_sampling.py. (It did not change the token counts of the recorded run: ours 7,293 vs TRL's 7,680,
-    the whole budget, with it on and off, so the same-work check still fails; the cause is not found yet.)"""
+def full_budget_rollouts() -> None:
+    """Every rollout of ours runs to `max_new_tokens`, as TRL's with ``min_new_tokens`` (`grpo_config`): in this
+    process only, `models.sampling.sample` stops at no token (`models.sampling.eos_ids` returns none; an eos drawn is
+    kept as an ordinary token) and not at a closed code block (``stop_on_code_block``, on in the pipeline: nothing
+    after a closed block is graded; TRL has no such stop). TRL masks eos instead of keeping it: one vocabulary entry
+    of 2880 on a random model, the same number of forward passes and tokens on both sides."""
     import dataclasses
 
     import models.sampling
 
     @dataclasses.dataclass(frozen=True)
-    class EosOnly(models.sampling.SamplingConfig):
+    class FullBudget(models.sampling.SamplingConfig):
         stop_on_code_block: bool = False
 
-    models.sampling.SamplingConfig = EosOnly
+    models.sampling.SamplingConfig = FullBudget
+    models.sampling.eos_ids = lambda model, tokenizer: set()
 
 
 def run_ours(problems, verifier, args) -> Run:
     from models.rl import train_rl
 
-    eos_only_rollouts()
+    full_budget_rollouts()
 
     cfg = rl_config(args)
     marks: dict[int, float] = {}
@@ -197,7 +200,7 @@ def run_ours(problems, verifier, args) -> Run:
         marks[step] = time.perf_counter()
         n = int(metrics["didpo/groups_sampled"]) * cfg.group_size
         completions.append(n)
-        tokens.append(round(metrics["didpo/response_length"] * n))  # mean len(completion_ids), eos included
+        tokens.append(round(metrics["didpo/response_length"] * n))  # mean len(completion_ids)
 
     model, tokenizer = build_model()
     with tempfile.TemporaryDirectory() as out:
@@ -426,8 +429,9 @@ def main() -> None:
     for name, counts in completions.items():
         if counts != [budget] * (iterations * args.repeats):
             problems_found.append(f"{name} completions per iteration {counts}, expected {budget} in each")
-    if abs(tokens["ours"] - tokens["trl"]) > TOKEN_RTOL * max(tokens.values()):
-        problems_found.append(f"generated tokens ours {tokens['ours']} vs trl {tokens['trl']} (tol {TOKEN_RTOL:.0%})")
+    full = budget * args.max_new_tokens * iterations * args.repeats
+    if tokens["ours"] != full or tokens["trl"] != full:
+        problems_found.append(f"generated tokens ours {tokens['ours']} trl {tokens['trl']}, expected {full} on each")
     if len(params["ours"] | params["trl"]) != 1:
         problems_found.append(f"trainable parameters ours {params['ours']} vs trl {params['trl']}")
     if problems_found:
@@ -435,8 +439,8 @@ def main() -> None:
     check_same_work(
         True,
         f"{loss_check}; timed runs: {budget} completions in each of {iterations} iterations x "
-        f"{args.repeats} rounds a side, generated tokens (eos included) ours {tokens['ours']} trl {tokens['trl']} "
-        f"of a budget of {budget * args.max_new_tokens * iterations * args.repeats}, "
+        f"{args.repeats} rounds a side, generated tokens ours {tokens['ours']} trl {tokens['trl']} "
+        f"(the whole budget), "
         f"{params['ours'].pop()} trainable parameters each",
     )
     ours, trl = medians["ours"], medians["trl"]

@@ -267,6 +267,7 @@ def our_config(args):
 
     return SFTConfig(
         batch_size=args.batch_size,
+        grad_accum_steps=1,  # TRL's gradient_accumulation_steps
         max_steps=args.warmup + args.steps,
         max_seq_len=args.max_len,
         learning_rate=2e-4,

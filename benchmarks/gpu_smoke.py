@@ -91,7 +91,7 @@ def main() -> None:
     seq, new_tokens, batch, group = (256, 16, 4, 4) if tiny else (512, 128, 8, 8)
     problems = make_problems(16)
     pairs = make_pairs(16)
-    common = dict(lora_r=16, lora_alpha=32.0, max_steps=args.steps, warmup_ratio=0.0, eval_every=0)
+    common = dict(lora_r=16, lora_alpha=32.0, max_steps=args.steps, grad_accum_steps=1, warmup_ratio=0.0, eval_every=0)
     common.update(checkpoint_every=0, device=device, mixed_precision="auto")
     peaks: list[float] = []
 
@@ -129,7 +129,7 @@ def main() -> None:
 
         def rl(clock):
             model, tok = load(model_path)
-            from models.process_reward import ProcessRewardConfig
+            from models.config import ProcessRewardConfig
 
             cfg = RLConfig(
                 algo="didpo",

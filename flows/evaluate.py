@@ -28,9 +28,8 @@ from prefect import flow
 from flows.base_model import CHECKPOINT as BASE
 from flows.validate import VALID_PROBLEMS
 from tasks import tracking
-from tasks.config import load_params
+from tasks.config import CHECKPOINT_NAMES, load_params
 from tasks.evaluate import (
-    CHECKPOINT_NAMES,
     SPLITS,
     comparison_markdown,
     comparison_table,

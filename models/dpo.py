@@ -51,17 +51,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.checkpoint import checkpoint_hash
+from models.config import MAX_EPOCHS, DPOConfig
 from models.sft import IGNORE_INDEX, DataOrder, build_sft_examples, collate
 
 if TYPE_CHECKING:
     import torch
 
-LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
-REFERENCE_FREE = ("simpo", "orpo")
-MAX_EPOCHS = 3.0
 # DPOConfig fields the loop does not read (the stage does)
 _STAGE_ONLY = ("held_out_frac", "val_problems", "max_new_tokens", "max_pairs")
-_MIXED_PRECISION = ("auto", "bf16", "no")
 
 
 class LikelihoodDisplacementWarning(UserWarning):
@@ -70,112 +67,6 @@ class LikelihoodDisplacementWarning(UserWarning):
 
 class ReferenceMismatchError(ValueError):
     """The reference checkpoint's content hash is not the one the caller expects."""
-
-
-@dataclass(frozen=True)
-class DPOConfig:
-    """The ``dpo`` section of params.yaml.
-
-    Attributes:
-        loss_type: "sigmoid" (DPO, Rafailov et al. 2023), "ipo" (Azar et al. 2023), "robust" (Chowdhury et al. 2024),
-            "simpo" (Meng et al. 2024, reference-free), "orpo" (Hong et al. 2024, reference-free).
-        beta: β, the inverse temperature of the implicit reward (sigmoid/robust/simpo), IPO's τ, ORPO's λ.
-        label_smoothing: ε, the assumed probability that a pair's label is flipped (robust only), in [0, 0.5).
-        simpo_gamma: γ, SimPO's target reward margin (nats, in units of β·average log-prob).
-        lora_r, lora_alpha, lora_dropout, lora_target_modules, lora_layers: the fresh adapter (see
-            `models.sft.SFTConfig`).
-        learning_rate: peak AdamW learning rate.
-        weight_decay: AdamW decoupled weight decay on matrices.
-        batch_size: pairs per micro-batch per process (one forward of 2·batch_size sequences); with N processes
-            (``accelerate launch``, `models.distributed`) the global micro-batch is N × batch_size.
-        grad_accum_steps: micro-batches per optimizer step.
-        max_steps: optimizer steps; 0 means ``ceil(epochs × n_pairs / (batch_size × grad_accum_steps))``. Either way
-            capped at `MAX_EPOCHS` passes over the training pairs.
-        epochs: passes over the pairs when `max_steps` is 0, in (0, 3].
-        warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
-        max_grad_norm: clip the global gradient norm to this; 0 disables clipping (the norm is still logged).
-        max_seq_len: longest tokenised prompt + answer; longer answers are truncated on the right.
-        eval_every: held-out evaluation every this many steps (and after the last); 0 disables evaluation, early
-            stopping, best-checkpoint selection and the displacement monitor.
-        early_stopping_patience: stop after this many evaluations in a row without a lower held-out loss than the
-            best so far (the reference's at step 0 included); 0 disables early stopping.
-        displacement_threshold: nats; the monitor fires when the mean held-out chosen log-prob is this much below its
-            value before training while the held-out margin is above its starting value. 0 disables the monitor.
-        ches_filter_quantile: drop this fraction of the training pairs with the highest CHES score before training,
-            in [0, 1); 0 keeps every pair.
-        seed: seeds Python, NumPy, torch (LoRA initialisation, dropout) and the data order.
-        checkpoint_every: exact-resume checkpoint every this many steps (and at the end); 0 disables.
-        device: "auto" (CUDA when available, else CPU) or a torch device string.
-        mixed_precision: "auto" (bf16 autocast on CUDA with bf16 support), "bf16" or "no".
-        held_out_frac: the dpo stage holds out this fraction of the prompts (all their pairs) for evaluation, in
-            [0, 0.5]; not read by `train_dpo`.
-        val_problems: the dpo stage's smoke check (format compliance, unsafe-code rate, greedy pass) on this many
-            val problems before and after DPO (0 = all): not a measurement, n problems cannot show a change below about
-            6/n (`tasks.dpo.smoke_check`); not read by `train_dpo`.
-        max_new_tokens: generation budget of that check (tokens); not read by `train_dpo`.
-        max_pairs: the dpo stage trains on at most this many pairs (0 = all), chosen by `select_pairs`: the reference
-            log-probs of every pair are computed up front, so pairs a short run never reaches only cost time.
-    """
-
-    loss_type: str = "sigmoid"
-    beta: float = 0.1
-    label_smoothing: float = 0.0
-    simpo_gamma: float = 0.5
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.05
-    lora_target_modules: str = "auto"
-    lora_layers: int = 0
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.0
-    batch_size: int = 4
-    grad_accum_steps: int = 1
-    max_steps: int = 0
-    epochs: float = 1.0
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    max_seq_len: int = 384
-    eval_every: int = 10
-    early_stopping_patience: int = 3
-    displacement_threshold: float = 5.0
-    ches_filter_quantile: float = 0.0
-    seed: int = 0
-    checkpoint_every: int = 10
-    device: str = "auto"
-    mixed_precision: str = "auto"
-    held_out_frac: float = 0.1
-    val_problems: int = 20
-    max_new_tokens: int = 256
-    max_pairs: int = 0
-
-    def __post_init__(self):
-        if self.max_pairs < 0:
-            raise ValueError(f"dpo.max_pairs must be >= 0 (0 = all), got {self.max_pairs}")
-        if not 0 <= self.held_out_frac <= 0.5 or self.val_problems < 0 or self.max_new_tokens < 1:
-            raise ValueError("dpo.held_out_frac must be in [0, 0.5], dpo.val_problems >= 0, dpo.max_new_tokens >= 1")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"dpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.beta <= 0:
-            raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        for name in ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"dpo.{name} must be >= 1, got {getattr(self, name)}")
-        non_negative = ("max_steps", "eval_every", "early_stopping_patience", "checkpoint_every", "max_grad_norm")
-        for name in (*non_negative, "lora_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"dpo.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.epochs <= MAX_EPOCHS:
-            raise ValueError(f"dpo.epochs must be in (0, {MAX_EPOCHS:g}], got {self.epochs}")
-        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.lora_dropout < 1:
-            raise ValueError("dpo.warmup_ratio and dpo.lora_dropout must be in [0, 1)")
-        if not 0 <= self.ches_filter_quantile < 1:
-            raise ValueError(f"dpo.ches_filter_quantile must be in [0, 1), got {self.ches_filter_quantile}")
-        if self.displacement_threshold < 0 or self.learning_rate < 0 or self.weight_decay < 0:
-            raise ValueError("dpo.displacement_threshold, dpo.learning_rate and dpo.weight_decay must be >= 0")
-        if self.mixed_precision not in _MIXED_PRECISION:
-            raise ValueError(f"dpo.mixed_precision must be one of {_MIXED_PRECISION}, got {self.mixed_precision!r}")
 
 
 @dataclass

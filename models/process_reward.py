@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from models.config import SHAPINGS, ProcessRewardConfig
 from models.sampling import _FENCED_BLOCK, _PYTHON_TAGS
 
 if TYPE_CHECKING:
     import torch
 
-CONTROLS = ("start_policy", "group", "reference")
-SHAPINGS = ("potential", "bonus")
 # pycodestyle checks that do not apply to a code prefix made of steps: blank lines are not steps, so the blank-line
 # rules (E3) and the end-of-file ones (W391, W292) would fire on every prefix; syntax errors (E9) are the syntax
 # component's business. The rest of pycodestyle's default selection stays (its default ignore list included).
@@ -55,81 +54,6 @@ MAX_LINE_LENGTH = 120
 # Python tokens that carry no code content for the similarity (layout and comments).
 _LAYOUT_TOKENS = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.COMMENT}
 NO_CODE = "no_code"  # the verifier's reason for an answer without code of its own (`models.verifier.has_no_code`)
-
-
-@dataclass(frozen=True)
-class ProcessRewardConfig:
-    """The ``didpo.reward`` section: how steps and outcomes are scored (DIDPO.md v2, "Objects" to "Advantage").
-
-    Attributes:
-        w_syntax, w_style, w_semantic, w_task: weights (≥ 0) of Φ's components; Φ divides by their sum, so Φ ∈ [0, 1]
-            (all 0: Φ ≡ 0, no process signal).
-        style_scale: the style component is max(0, 1 − style_scale × lint violations of the prefix).
-        w_partial: partial credit, R = V1 + w_partial·V2 (V1 = 1 when every test passes, V2 = fraction passed);
-            in [0, 1) so that a passing program always out-scores a failing one. 0 = V1 alone (the default).
-        w_format: weight of the format term (1 when the answer has exactly one fenced python block), added to the
-            return; bounded: w_format < 1 − w_partial (the smallest outcome gap between a passing and a failing
-            program), so it can never reorder them. 0 disables.
-        w_did: weight of the process term (the DiD gaps) in the advantage / the shaped rewards; 0 = outcome only.
-        control: the control curve C_x: "start_policy" (the frozen start policy's screening rollouts on x),
-            "group" (leave-one-out mean of the other rollouts of the group) or "reference" (the reference
-            solution's curve, version 1's control, for the ablation).
-        shaping: "potential" (Σ_j F = 0: the return is the outcome) or "bonus" (Σ_j d added: version 1's reading).
-        overlong_max: dapo's soft overlong punishment (Yu et al. 2025, eq. 13): the most completion tokens, L_max;
-            0 disables it. didpo, grpo and rft ignore it.
-        overlong_cache: the punishment interval L_cache (tokens): the penalty grows linearly from 0 at
-            L_max − L_cache to −1 at L_max (and stays −1 beyond); 0 = a hard −1 beyond L_max.
-
-    Raises:
-        ValueError: at construction, naming ``didpo.reward.<field>``.
-    """
-
-    w_syntax: float = 1.0
-    w_style: float = 0.2
-    w_semantic: float = 1.0
-    w_task: float = 0.5
-    style_scale: float = 0.1
-    w_partial: float = 0.0
-    w_format: float = 0.0
-    w_did: float = 1.0
-    control: str = "start_policy"
-    shaping: str = "potential"
-    overlong_max: int = 0
-    overlong_cache: int = 0
-
-    def __post_init__(self):
-        if self.control not in CONTROLS:
-            raise ValueError(f"didpo.reward.control must be one of {CONTROLS}, got {self.control!r}")
-        if self.shaping not in SHAPINGS:
-            raise ValueError(f"didpo.reward.shaping must be one of {SHAPINGS}, got {self.shaping!r}")
-        for name in ("w_syntax", "w_style", "w_semantic", "w_task", "style_scale", "w_format", "w_did"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"didpo.reward.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.w_partial < 1:
-            raise ValueError(
-                f"didpo.reward.w_partial must be in [0, 1), got {self.w_partial}: with w_partial >= 1 a program "
-                f"failing one test could score as much as a passing one"
-            )
-        if self.w_format >= 1 - self.w_partial:
-            raise ValueError(
-                f"didpo.reward.w_format ({self.w_format}) must be < 1 - didpo.reward.w_partial "
-                f"({1 - self.w_partial:g}), the outcome gap between a passing and a failing program: a bounded term "
-                f"must never reorder them"
-            )
-        if self.overlong_max < 0 or self.overlong_cache < 0:
-            raise ValueError(
-                f"didpo.reward.overlong_max and overlong_cache must be >= 0, got {self.overlong_max} and "
-                f"{self.overlong_cache}"
-            )
-        if self.overlong_cache > self.overlong_max:
-            raise ValueError(
-                f"didpo.reward.overlong_cache ({self.overlong_cache}) must be <= overlong_max ({self.overlong_max})"
-            )
-
-    @property
-    def weight_sum(self) -> float:
-        """Σ of Φ's component weights (Φ's normaliser)."""
-        return self.w_syntax + self.w_style + self.w_semantic + self.w_task
 
 
 @dataclass(frozen=True)

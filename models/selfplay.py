@@ -28,41 +28,6 @@ SOURCES = ("human", "mined", "selfplay")
 
 
 @dataclass(frozen=True)
-class SelfplayConfig:
-    """The ``selfplay`` section of params.yaml.
-
-    Attributes:
-        n_prompts: training problems answered (the first ones of the train split); 0 = all.
-        k: answers sampled per problem (K).
-        temperature: sampling temperature (> 0: the K answers must differ).
-        top_p: nucleus mass in (0, 1].
-        max_new_tokens: generation budget per answer (tokens).
-        seed: sampling seed.
-        include_mined: add the mined pairs (data/mined/pairs.jsonl) to the output.
-        include_human: add the validated human pairs (data/validated/human_pairs.jsonl) when the file has rows.
-    """
-
-    n_prompts: int = 32
-    k: int = 4
-    temperature: float = 0.8
-    top_p: float = 0.95
-    max_new_tokens: int = 256
-    seed: int = 0
-    include_mined: bool = True
-    include_human: bool = True
-
-    def __post_init__(self):
-        if self.n_prompts < 0:
-            raise ValueError(f"selfplay.n_prompts must be >= 0, got {self.n_prompts}")
-        if self.k < 2:
-            raise ValueError(f"selfplay.k must be >= 2 (a pair needs two answers), got {self.k}")
-        if self.temperature <= 0:
-            raise ValueError(f"selfplay.temperature must be > 0 (the K answers must differ), got {self.temperature}")
-        if not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
-            raise ValueError("selfplay.top_p must be in (0, 1] and selfplay.max_new_tokens >= 1")
-
-
-@dataclass(frozen=True)
 class AnswerScore:
     """One answer's score. `rank` orders answers (higher is better); `eligible` says whether it may be chosen."""
 

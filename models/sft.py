@@ -41,106 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.config import SFTConfig
 from models.prompts import fenced, reference_code, user_message
 
 if TYPE_CHECKING:
     import torch
 
 IGNORE_INDEX = -100
-_MIXED_PRECISION = ("auto", "bf16", "no")
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """The ``sft`` section of params.yaml.
-
-    Attributes:
-        lora: train LoRA adapters (True) or every weight of the model (False).
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator; the update is ``(lora_alpha / lora_r) · B A``.
-        lora_dropout: dropout on the adapters' input during training.
-        lora_target_modules: ``"auto"`` = every linear layer but the LM head (all attention and MLP
-            projections: q/k/v/o_proj, gate/up/down_proj on Llama-like models; peft's ``"all-linear"``),
-            or a comma-separated list of module names.
-        lora_layers: LoRA on the last N decoder layers only (0 = every layer); the backward pass stops at the
-            lowest adapted layer (`models.lora.apply_lora`).
-        learning_rate: peak AdamW learning rate.
-        weight_decay: AdamW decoupled weight decay, applied to matrices only (not to biases or norm gains).
-        batch_size: examples per micro-batch, per process (under ``accelerate launch`` with N processes the global
-            batch is N × batch_size; see `models.distributed`).
-        grad_accum_steps: micro-batches per optimizer step (examples per step = batch_size ×
-            grad_accum_steps × processes).
-        max_steps: optimizer steps; 0 means ``ceil(epochs × n_train / (batch_size × grad_accum_steps))``.
-        epochs: passes over the training set when `max_steps` is 0 (may be fractional).
-        warmup_ratio: fraction of the steps with linear warm-up before the cosine decay to 0.
-        max_grad_norm: clip the global gradient L2 norm to this; 0 disables clipping (the norm is still
-            logged).
-        max_seq_len: longest tokenised example (prompt + answer, tokens); longer answers are truncated on
-            the right, a prompt that leaves no room for the answer is an error.
-        eval_every: evaluate the held-out loss every this many steps (and after the last step); 0 disables.
-        early_stopping_patience: stop after this many evaluations in a row without a lower held-out loss;
-            0 disables early stopping.
-        seed: seeds Python, NumPy, torch (LoRA initialisation, dropout) and the data order.
-        checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 disables.
-        packing: concatenate each micro-batch into one row without padding (position ids restart per example,
-            attention stays within each example); same loss as padding, less wasted compute on mixed lengths.
-            False pads each micro-batch to its longest example (dynamic padding).
-        device: "auto" (CUDA when available, else CPU), or a torch device string.
-        mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none elsewhere (CPU trains in
-            the model's own dtype, float32 by default); "bf16" = bf16 autocast on any device; "no" = none.
-            Autocast keeps the weights in the dtype they were loaded in: for full fine-tuning on a GPU load
-            the model in float32, so AdamW updates float32 weights (LoRA adapters are float32 anyway).
-    """
-
-    lora: bool = True
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.05
-    lora_target_modules: str = "auto"
-    lora_layers: int = 0
-    learning_rate: float = 2e-4
-    weight_decay: float = 0.0
-    batch_size: int = 8
-    grad_accum_steps: int = 1
-    max_steps: int = 0
-    epochs: float = 2.0
-    warmup_ratio: float = 0.05
-    max_grad_norm: float = 1.0
-    max_seq_len: int = 512
-    eval_every: int = 50
-    early_stopping_patience: int = 3
-    seed: int = 0
-    checkpoint_every: int = 50
-    packing: bool = False
-    device: str = "auto"
-    mixed_precision: str = "auto"
-
-    def __post_init__(self):
-        positive = ("lora_r", "batch_size", "grad_accum_steps", "max_seq_len")
-        non_negative = (
-            "lora_layers",
-            "max_steps",
-            "eval_every",
-            "early_stopping_patience",
-            "checkpoint_every",
-            "max_grad_norm",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_steps == 0 and self.epochs <= 0:
-            raise ValueError("sft.epochs must be > 0 when sft.max_steps is 0")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"sft.lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.learning_rate < 0 or self.weight_decay < 0:
-            raise ValueError("sft.learning_rate and sft.weight_decay must be >= 0")
-        if self.mixed_precision not in _MIXED_PRECISION:
-            raise ValueError(f"sft.mixed_precision must be one of {_MIXED_PRECISION}, got {self.mixed_precision!r}")
 
 
 @dataclass

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.checkpoint import CheckpointMismatchError
-from models.dpo import DPOConfig
+from models.config import DPOConfig
 from tasks.tracking import mlflow_emit
 
 

@@ -31,15 +31,14 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-KS = (1, 2, 5, 10, 16)
+from tasks.config import KS, EvaluateConfig
+
 SPLITS = ("val", "test", "heldout", "humaneval")
-CHECKPOINT_NAMES = ("base", "sft", "dpo", "rl")  # pipeline order
 TABLE_COLUMNS = (
     "pass@1",
     "pass@2",
@@ -57,105 +56,16 @@ TABLE_COLUMNS = (
 )
 
 
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """The ``evaluate`` section of params.yaml (sized for a 2-core CPU by default; raise it for numbers that carry
-    weight).
+def split_sampling(cfg: EvaluateConfig, split: str):
+    """The `models.sampling.SamplingConfig` of `split`'s answers under protocol `cfg`: one greedy answer for a
+    greedy split (`EvaluateConfig.greedy`), else ``n_samples`` at the protocol's temperature and top-p."""
+    from models.sampling import SamplingConfig
 
-    Attributes:
-        val_per_family: val problems measured per family (stratified), taken in file order from the val problems
-            after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
-            80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py); params.yaml
-            takes 5 of each of the 18 trained families (90).
-        test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
-        heldout_per_family: problems measured per held-out family (``prepare.heldout_families``: generated families
-            never trained on), in file order; 0 = all. In-family figures (val, test) measure unseen variants of
-            trained tasks, these unseen tasks of the same kind, HumanEval unseen tasks of another kind.
-        humaneval_greedy: HumanEval is the *external guard* (problems not generated here, unlike val and test's
-            in-family ones): one greedy answer per problem (deterministic, 4× cheaper than n = 4), so pass@1 per
-            problem is 0 or 1 and only pass@1 is reported for it; False samples it like val. Process metrics
-            (consistency, recovery) need sampling and are skipped on a greedy split.
-        n_samples: answers per problem (≥ 2); pass@k is reported for k ≤ n / 2.
-        temperature, top_p: sampling distribution of every answer and continuation.
-        max_new_tokens: generation budget per answer and per recovery continuation (tokens).
-        process_problems: the first problems of each split that also get decision consistency and error recovery
-            (0 = skip those two).
-        process_prefixes: reference prefixes per problem for consistency and recovery.
-        consistency_samples: next lines sampled per prefix (≥ 2).
-        recovery_samples: continuations sampled per clean and per corrupted prefix.
-        seed: sampling seed and corruption seed.
-        checkpoints: which of base, sft, dpo, rl are measured (when present); a larger run that only asks
-            "did RL help?" measures ``[dpo, rl]`` and halves the stage's time.
-        engine: ``openvino`` (OpenVINO GenAI, `models.openvino_engine`: each checkpoint exported once, ≈ 3× our
-            sampler's tokens/s on 2 cores) or ``torch`` (`models.sampling.sample`); without the export environment
-            (``make export-env``) the torch sampler is used and the stage says so. The engine that ran is part of
-            the protocol. Process metrics (consistency, recovery) always use the torch sampler.
-        precision: the engine's inference precision, ``f32`` or ``bf16`` (weights stay fp32; int8 would change the
-            model being measured and is not offered).
-    """
-
-    val_per_family: int = 5
-    test_problems: int = 6
-    heldout_per_family: int = 8
-    humaneval_problems: int = 6
-    humaneval_greedy: bool = True
-    n_samples: int = 4
-    temperature: float = 0.8
-    top_p: float = 0.95
-    max_new_tokens: int = 192
-    process_problems: int = 3
-    process_prefixes: int = 3
-    consistency_samples: int = 8
-    recovery_samples: int = 4
-    seed: int = 0
-    checkpoints: tuple[str, ...] = CHECKPOINT_NAMES
-    engine: str = "openvino"
-    precision: str = "f32"
-
-    def __post_init__(self):
-        if self.engine not in ("openvino", "torch"):
-            raise ValueError(f"evaluate.engine must be 'openvino' or 'torch', got {self.engine!r}")
-        if self.precision not in ("f32", "bf16"):
-            raise ValueError(f"evaluate.precision must be 'f32' or 'bf16', got {self.precision!r}")
-        unknown = [name for name in self.checkpoints if name not in CHECKPOINT_NAMES]
-        if unknown or not self.checkpoints:
-            allowed, got = list(CHECKPOINT_NAMES), list(self.checkpoints)
-            raise ValueError(f"evaluate.checkpoints must be a non-empty subset of {allowed}, got {got}")
-        for name in ("val_per_family", "test_problems", "heldout_per_family", "humaneval_problems", "process_problems"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"evaluate.{name} must be >= 0, got {getattr(self, name)}")
-        if self.n_samples < 2:
-            raise ValueError(f"evaluate.n_samples must be >= 2 (pass@1 and its spread), got {self.n_samples}")
-        if self.consistency_samples < 2:
-            raise ValueError(f"evaluate.consistency_samples must be >= 2, got {self.consistency_samples}")
-        for name in ("process_prefixes", "recovery_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1:
-            raise ValueError("evaluate.temperature must be > 0 and evaluate.top_p in (0, 1]")
-
-    def ks(self) -> tuple[int, ...]:
-        """The k of pass@k reported: those with ``n_samples >= 2k``."""
-        return tuple(k for k in KS if self.n_samples >= 2 * k)
-
-    def greedy(self, split: str) -> bool:
-        """Whether `split` is answered greedily (the external guard, `humaneval_greedy`)."""
-        return split == "humaneval" and self.humaneval_greedy
-
-    def sampling(self, split: str):
-        """The `models.sampling.SamplingConfig` of `split`'s answers: one greedy answer for a greedy split, else
-        ``n_samples`` at the protocol's temperature and top-p."""
-        from models.sampling import SamplingConfig
-
-        if self.greedy(split):
-            return SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens, seed=self.seed)
-        return SamplingConfig(
-            n=self.n_samples,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_new_tokens=self.max_new_tokens,
-            seed=self.seed,
-        )
+    if cfg.greedy(split):
+        return SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    return SamplingConfig(
+        n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+    )
 
 
 def protocol_problems(val_rows: Sequence[dict], skip: int, per_family: int) -> list[dict]:
@@ -275,12 +185,12 @@ def evaluate_split(
 ) -> tuple[dict, list]:
     """Every metric of one split (see the module docstring); returns ``(metrics, results)`` with the per-problem
     `models.evaluation.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
-    ``split``: its name (`EvaluateConfig.sampling`: a greedy split gets one answer per problem, pass@1 only and
+    ``split``: its name (`split_sampling`: a greedy split gets one answer per problem, pass@1 only and
     no process metrics)."""
     from models.evaluation import sample_and_verify, summarise
     from models.process_metrics import decision_consistency, error_recovery, make_continuer
 
-    sampling, greedy = cfg.sampling(split), cfg.greedy(split)
+    sampling, greedy = split_sampling(cfg, split), cfg.greedy(split)
     metrics: dict = {"n_problems": len(problems), "n_samples": sampling.n, "greedy": greedy}
     if not problems:
         return metrics, []

@@ -45,57 +45,22 @@ from __future__ import annotations
 import difflib
 import re
 from collections import Counter
-from dataclasses import dataclass as dataclass_std
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import ConfigDict, Field
-from pydantic.dataclasses import dataclass
 from scipy.stats import hypergeom
 
+from tasks.config import MineConfig
 from tasks.pii import PLACEHOLDERS, scrub_series
 from tasks.schema import EVENT_FIELDS, PAIR_FIELDS
 
 EVENT_COLUMNS = EVENT_FIELDS
 HUMAN_COLUMNS = PAIR_FIELDS
 PAIR_COLUMNS = ("prompt", "chosen", "rejected", "source", "category", "user_id", "chosen_event_id", "rejected_event_id")
-
-
-@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class MineConfig:
-    """``mine``: how preference pairs are mined from feedback logs (see the module docstring for the steps).
-
-    alpha: significance level of the per-user one-sided Fisher test (ratings vs leave-one-out consensus); a user
-        is kept only when p < alpha. 0.01 keeps ~1% of random clickers in expectation.
-    min_ratings_per_user: ratings with a defined consensus a user needs before the test can keep them.
-    min_consensus_raters: other users' ratings a response needs for its leave-one-out consensus to count.
-    consensus_threshold: a response is consensus-good when the other users' up-rate is above this, bad when below.
-    consensus_rounds: times the consensus is recomputed from the users kept by the previous round (≥ 1).
-    consensus_margin: a pair is dropped when both responses have a consensus among the other kept users and
-        up-rate(chosen) − up-rate(rejected) < this (0: drop when the others prefer the rejected; -1 disables).
-    double_click_window_s: a repeated identical rating within this many seconds is a double click (seconds).
-    similarity_threshold: pairs whose chosen/rejected token-sequence similarity (:func:`similarity`, in [0, 1])
-        is ≥ this are dropped as too similar. 0.97 ≈ the texts differ in under 3% of their tokens.
-    dedupe_threshold: responses to one prompt with similarity ≥ this are one cluster for deduplication.
-    max_pairs_per_user_category: cap on pairs per (user, category), and on up/down ratings per (user, prompt)
-        entering the cross product.
-    seed: seed of the cap's sample.
-    """
-
-    alpha: float = Field(default=0.01, gt=0.0, lt=1.0)
-    min_ratings_per_user: int = Field(default=6, ge=1)
-    min_consensus_raters: int = Field(default=2, ge=1)
-    consensus_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
-    consensus_rounds: int = Field(default=2, ge=1)
-    consensus_margin: float = Field(default=0.0, ge=-1.0, le=1.0)
-    double_click_window_s: float = Field(default=10.0, ge=0.0)
-    similarity_threshold: float = Field(default=0.97, gt=0.0, le=1.0)
-    dedupe_threshold: float = Field(default=0.99, gt=0.0, le=1.0)
-    max_pairs_per_user_category: int = Field(default=20, ge=1)
-    seed: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------- text keys
@@ -173,7 +138,7 @@ class _Similarity:
 # ---------------------------------------------------------------------------------------------------- the log
 
 
-@dataclass_std
+@dataclass
 class _Log:
     """Validated events as integer codes (no text is copied per row) plus the scrubbed texts per code.
 

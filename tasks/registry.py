@@ -35,6 +35,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.config import RegisterConfig
+
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 CANDIDATES = ("sft", "dpo", "rl")  # this run's trained checkpoints, pipeline order (ties go to the earlier)
@@ -43,46 +45,6 @@ PIP_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensor
 TAG_METRICS = "didpo.metrics"
 TAG_PROTOCOL = "didpo.protocol"
 TAG_PREVIOUS = "didpo.previous_champion"
-
-
-@dataclass(frozen=True)
-class RegisterConfig:
-    """The ``register`` section of params.yaml: the pre-registered promotion rule.
-
-    Attributes:
-        model_name: the MLflow registered model.
-        primary_metric: ``<split>/pass@1``: the per-problem score the candidate is chosen by and tested on.
-        alpha: level of the one-sided paired test (promote only when p < alpha).
-        margin: the mean per-problem gain must exceed this (absolute pass@1; 0 = any gain the test detects).
-        tolerance: the smallest non-inferiority margin of a per-problem secondary (the margin used is the larger of
-            this and twice the secondary's standard error), and the largest allowed regression of a share-of-answers
-            secondary (format compliance, unsafe rate).
-        secondary_metrics: ``<split>/<key>`` metrics that must not regress.
-        lower_is_better: the secondary metrics where lower is better (e.g. ``val/unsafe_rate``).
-    """
-
-    model_name: str = "didpo-coder"
-    primary_metric: str = "val/pass@1"
-    alpha: float = 0.05
-    margin: float = 0.0
-    tolerance: float = 0.02
-    secondary_metrics: tuple[str, ...] = ("test/pass@1", "val/format_compliance", "val/unsafe_rate")
-    lower_is_better: tuple[str, ...] = ("val/unsafe_rate",)
-
-    def __post_init__(self):
-        if not self.model_name.strip():
-            raise ValueError("register.model_name must not be empty")
-        if self.margin < 0 or self.tolerance < 0:
-            raise ValueError(f"register.margin and .tolerance must be >= 0 (got {self.margin}, {self.tolerance})")
-        if not 0 < self.alpha <= 0.5:
-            raise ValueError(f"register.alpha must be in (0, 0.5], got {self.alpha}")
-        if self.primary_metric.count("/") != 1 or not self.primary_metric.endswith("/pass@1"):
-            raise ValueError(f"register.primary_metric must be '<split>/pass@1', got {self.primary_metric!r}")
-        for key in self.secondary_metrics:
-            if key.count("/") != 1:
-                raise ValueError(f"register metric {key!r} must be '<split>/<key>', e.g. 'val/pass@1'")
-        if self.primary_metric in self.secondary_metrics:
-            raise ValueError(f"register.primary_metric {self.primary_metric!r} is also a secondary metric")
 
 
 class ProtocolMismatch(ValueError):

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.checkpoint import CheckpointMismatchError
-from models.rl import RLConfig
+from models.config import RLConfig
 from tasks.tracking import mlflow_emit
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.selfplay import SelfplayConfig
+from models.config import SelfplayConfig
 from tasks.io import atomic_write_lines
 
 

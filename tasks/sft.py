@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.checkpoint import CheckpointMismatchError, checkpoint_hash
-from models.sft import SFTConfig
+from models.config import SFTConfig
 from tasks.tracking import mlflow_emit
 
 

@@ -146,7 +146,7 @@ def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from models.process_reward import ProcessRewardConfig
+    from models.config import ProcessRewardConfig
     from models.rl import RLConfig, train_rl
 
     # A random tiny model never passes a test in the real sandbox, and writes no complete line (no process reward

@@ -21,7 +21,7 @@ def test_bad_params_name_the_key(tmp_path):
     for args in (["stage", "prepare", "--params", str(params)], ["run", "--params", str(params)]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2
-        assert "prepare.n_problems: Input should be greater than or equal to 100 (got 5)" in result.output
+        assert "prepare.n_problems must be >= 100, got 5" in result.output
 
 
 def test_a_missing_params_file_is_refused_not_defaulted(tmp_path):

@@ -1,11 +1,16 @@
 """params.yaml → dataclasses: errors name the key and the allowed values; the repo's params.yaml is valid."""
 
+import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import models.config
+import tasks.config
 from tasks.config import ConfigError, Params, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,16 +45,15 @@ def test_values_are_loaded():
     [
         ({"prepare": {"bogus": 1}}, "prepare.bogus: unknown key; allowed keys: seed, n_problems"),
         ({"nosuchsection": {}}, "nosuchsection: unknown key; allowed keys: base_model, prepare"),
-        (
-            {"prepare": {"n_problems": 5}},
-            "prepare.n_problems: Input should be greater than or equal to 100 (got 5)",
-        ),
+        ({"prepare": {"n_problems": 5}}, "prepare.n_problems must be >= 100, got 5"),
         ({"prepare": {"val_frac": "a lot"}}, "prepare.val_frac: Input should be a valid number"),
         (
             {"base_model": {"dtype": "int8"}},
-            "base_model.dtype: Input should be 'auto', 'float32', 'bfloat16' or",
+            "base_model.dtype must be one of ('auto', 'float32', 'bfloat16', 'float16'), got 'int8'",
         ),
-        ({"verifier": {"timeout_s": 0}}, "verifier.timeout_s: Input should be greater than 0"),
+        ({"verifier": {"timeout_s": 0}}, "verifier.timeout_s must be > 0, got 0"),
+        ({"mine": {"alpha": 1.5}}, "mine.alpha must be in (0, 1), got 1.5"),
+        ({"gate": {"engine": "vllm"}}, "gate.engine must be one of ('openvino', 'torch'), got 'vllm'"),
     ],
 )
 def test_errors_name_the_key_and_allowed_values(raw, expected):
@@ -59,10 +63,12 @@ def test_errors_name_the_key_and_allowed_values(raw, expected):
 
 
 def test_several_errors_reported_at_once():
+    """Every section's error at once (within a section: a type error, else its first failed range check)."""
     with pytest.raises(ConfigError) as info:
-        parse_params({"prepare": {"seed": "x", "test_frac": 0.9}})
+        parse_params({"prepare": {"seed": "x"}, "verifier": {"timeout_s": 0}, "sft": {"lora_r": 0}})
     msg = str(info.value)
-    assert "prepare.seed" in msg and "prepare.test_frac" in msg
+    assert "prepare.seed: Input should be a valid integer" in msg
+    assert "verifier.timeout_s must be > 0" in msg and "sft.lora_r must be >= 1, got 0" in msg
 
 
 def test_malformed_yaml_and_non_mapping(tmp_path):
@@ -102,8 +108,11 @@ def test_overlong_penalty_must_fit_max_new_tokens():
     # params.yaml: dapo's penalty ramps from 320 (the evaluation's budget) to 384 = max_new_tokens
     assert (raw["didpo"]["max_new_tokens"], raw["didpo"]["reward"]["overlong_max"]) == (384, 384)
     assert raw["didpo"]["reward"]["overlong_max"] - raw["didpo"]["reward"]["overlong_cache"] == 320
-    # `-S didpo.max_new_tokens=352` alone: no completion can reach 384 tokens, -1 is never given
+    # `-S didpo.max_new_tokens=352` alone: didpo does not read the penalty, so the setting is not refused ...
     raw["didpo"]["max_new_tokens"] = 352
+    assert raw["didpo"]["algo"] != "dapo" and parse_params(raw).didpo.max_new_tokens == 352
+    # ... dapo does: no completion can reach 384 tokens, -1 is never given
+    raw["didpo"]["algo"] = "dapo"
     with pytest.raises(ConfigError) as info:
         parse_params(raw)
     assert "didpo.reward.overlong_max (384) must be <= didpo.max_new_tokens (352)" in str(info.value)
@@ -138,3 +147,81 @@ def test_heldout_families_are_refused_at_load_unless_generated():
     raw["prepare"]["heldout_families"] = ["parse_booleans", "parse_bools"]
     with pytest.raises(ConfigError, match=r"prepare\.heldout_families: \['parse_bools'\] are not generated families"):
         parse_params(raw)
+
+
+# ------------------------------------------------------------ configuration is a leaf (issue 20)
+
+
+def _leaves(loaded, default, prefix=""):
+    """(key, params.yaml value, dataclass default) for every leaf field of two section trees."""
+    for f in dataclasses.fields(loaded):
+        a, b = getattr(loaded, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(a):
+            yield from _leaves(a, b, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", a, b
+
+
+def test_dataclass_defaults_are_params_yaml_values():
+    """A section built in Python with a few fields set runs as the pipeline does: every default is params.yaml's
+    (before issue 20, 29 differed, e.g. sft.learning_rate 2e-4 in Python and 6e-4 in params.yaml)."""
+    leaves = list(_leaves(load_params(ROOT / "params.yaml"), Params()))
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    n_yaml = sum(len(v.get("reward", {})) - 1 if "reward" in v else 0 for v in raw.values()) + sum(
+        map(len, raw.values())
+    )
+    assert len(leaves) == n_yaml == 199  # every key params.yaml writes out, the nested didpo.reward included
+    differ = [f"{key}: params.yaml {a!r}, default {b!r}" for key, a, b in leaves if a != b]
+    assert differ == []
+
+
+def test_reading_params_imports_no_heavy_package():
+    """`import tasks.config` (what every CLI call and stage does first) imports neither torch, nor the
+    orchestration and tracking stack, nor the dataframe stack: a fresh interpreter, so nothing is cached."""
+    code = (
+        "import sys, tasks.config; tasks.config.load_params('params.yaml');"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'prefect', 'mlflow', 'pandas', 'pyarrow', 'scipy', 'numpy', 'transformers', 'dvc'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Project modules (models., tasks., flows.) that ``path`` imports anywhere, function-local imports included."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return {n for n in names if n.split(".")[0] in ("models", "tasks", "flows")}
+
+
+def test_config_modules_are_leaves_and_the_import_graph_has_no_circle():
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for d in ("models", "tasks", "flows")
+        for p in (ROOT / d).glob("*.py")
+        if p.name != "__init__.py"
+    }
+    graph = {name: {m for m in _project_imports(path) if m in files and m != name} for name, path in files.items()}
+    assert graph["models.config"] == set()
+    assert graph["tasks.config"] == {"models.config", "tasks.problem_families"}
+    assert graph["tasks.problem_families"] == set()
+    # depth-first search for a back edge; `path` is the chain being explored
+    state: dict[str, str] = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            assert state.get(nxt) != "open", f"import circle: {' -> '.join([*path, node, nxt])}"
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    # the section classes are where tasks.config says they are (one hop from a key to its class)
+    assert tasks.config.SFTConfig is models.config.SFTConfig and tasks.config.RLConfig is models.config.RLConfig

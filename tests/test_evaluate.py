@@ -6,10 +6,8 @@ import json
 import pytest
 
 from models.evaluation import ProblemResult
-from tasks.config import ConfigError, parse_params
+from tasks.config import KS, ConfigError, EvaluateConfig, parse_params
 from tasks.evaluate import (
-    KS,
-    EvaluateConfig,
     answer_metrics,
     comparison_markdown,
     comparison_table,
@@ -23,6 +21,7 @@ from tasks.evaluate import (
     protocol_problems,
     protocol_record,
     select_problems,
+    split_sampling,
 )
 from tests.test_process_metrics import PROBLEM, REFERENCE
 
@@ -138,7 +137,7 @@ def test_pass1_deltas_also_compare_every_later_checkpoint_with_base():
 
 def test_the_external_guard_is_greedy_and_reports_pass1_only():
     cfg = EvaluateConfig(n_samples=4, temperature=0.8)
-    greedy, sampled = cfg.sampling("humaneval"), cfg.sampling("val")
+    greedy, sampled = split_sampling(cfg, "humaneval"), split_sampling(cfg, "val")
     assert (greedy.n, greedy.temperature, greedy.max_new_tokens) == (1, 0.0, cfg.max_new_tokens)
     assert (sampled.n, sampled.temperature, sampled.top_p) == (4, 0.8, cfg.top_p)
     assert cfg.greedy("humaneval") and not cfg.greedy("val") and not cfg.greedy("test")

@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from tasks.config import MineConfig
 from tasks.feedback import read_frame, write_frame
-from tasks.mine import EVENT_COLUMNS, MineConfig, mine_pairs
+from tasks.mine import EVENT_COLUMNS, mine_pairs
 from tasks.pii import scrub_text
 from tasks.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tasks.validate import validate_feedback_logs

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from scipy.stats import fisher_exact
 
-from tasks.mine import PAIR_COLUMNS, MineConfig, mine_pairs, rate_users, similarity
+from tasks.config import MineConfig
+from tasks.mine import PAIR_COLUMNS, mine_pairs, rate_users, similarity
 from tasks.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tests.test_simulate_logs import PROBLEMS, exec_check
 

@@ -374,7 +374,8 @@ def test_dapo_overlong_penalty():
     assert [overlong_penalty(n, cfg) for n in (0, 80, 81, 90, 100, 101, 500)] == [0, 0, -0.05, -0.5, -1, -1, -1]
     hard = ProcessRewardConfig(overlong_max=100, overlong_cache=0)
     assert [overlong_penalty(n, hard) for n in (100, 101)] == [0, -1]
-    assert overlong_penalty(10_000, ProcessRewardConfig()) == 0.0  # disabled by default
+    assert overlong_penalty(10_000, ProcessRewardConfig(overlong_max=0, overlong_cache=0)) == 0.0  # 0 disables
+    assert overlong_penalty(352, ProcessRewardConfig()) == -0.5  # params.yaml's ramp: 320 → 384 tokens
     with pytest.raises(ValueError, match="overlong_cache"):
         ProcessRewardConfig(overlong_max=10, overlong_cache=20)
 

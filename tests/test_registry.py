@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
+from tasks.config import RegisterConfig
 from tasks.registry import (
     Evidence,
     ProtocolMismatch,
-    RegisterConfig,
     choose_candidate,
     flatten,
     promotion_decision,

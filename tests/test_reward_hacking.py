@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.process_reward import ProcessRewardConfig, outcome_reward, terminal_reward
+from models.config import ProcessRewardConfig
+from models.process_reward import outcome_reward, terminal_reward
 from models.sampling import extract_code
 from models.verifier import Verifier, VerifierConfig
 

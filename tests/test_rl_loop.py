@@ -18,8 +18,9 @@ import torch
 import models.rl
 import models.sampling
 from models.checkpoint import CheckpointMismatchError, latest_checkpoint, list_checkpoints, load_checkpoint
+from models.config import ProcessRewardConfig
 from models.policy import build_tiny_causal_lm
-from models.process_reward import ProcessRewardConfig, did_rewards, prefix_scores
+from models.process_reward import did_rewards, prefix_scores
 from models.prompts import reference_code, user_message
 from models.rl import (
     RLConfig,
@@ -60,6 +61,8 @@ BASE = dict(
     target_kl=0.0,
     temperature=0.7,  # T ≠ 1: log-probs are scored at the sampling temperature on both sides
     screen_problems=0,  # screen every problem (6 × 4 answers: IndexVerifier makes each group informative)
+    # dapo's overlong penalty (params.yaml: 320 → 384 tokens) off: 12-token answers
+    reward=ProcessRewardConfig(overlong_max=0, overlong_cache=0),
 )
 
 
@@ -577,7 +580,7 @@ def test_one_loop_four_algos(tmp_path, verifier):
     runs = {}
     for algo in ("didpo", "grpo", "dapo", "rft"):
         model, tok = build_tiny_causal_lm(0)
-        reward = ProcessRewardConfig(control="group")
+        reward = ProcessRewardConfig(control="group", overlong_max=0, overlong_cache=0)
         cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, screen_samples=0, reward=reward))
         result = train_rl(model, tok, PROBLEMS, cfg, verifier, tmp_path / algo)
         runs[algo] = (result, read_rollouts(result.rollouts_path), model)

@@ -2,8 +2,9 @@
 
 import pytest
 
+from models.config import SelfplayConfig
 from models.prompts import user_message
-from models.selfplay import SelfplayConfig, merge_pairs, score_answer, selfplay_pairs
+from models.selfplay import merge_pairs, score_answer, selfplay_pairs
 
 PROBLEM = {
     "task_id": "DataClean/add/0001",

@@ -39,7 +39,17 @@ from models.sft import (
 )
 
 # Small and quick: no periodic evaluation or checkpoint unless a test asks for them.
-BASE = dict(batch_size=4, max_steps=3, warmup_ratio=0.0, eval_every=0, checkpoint_every=0, seed=0)
+BASE = dict(
+    batch_size=4,
+    grad_accum_steps=1,
+    max_steps=3,
+    learning_rate=2e-4,
+    max_seq_len=512,
+    warmup_ratio=0.0,
+    eval_every=0,
+    checkpoint_every=0,
+    seed=0,
+)
 
 
 def problem(i: int) -> dict:
