@@ -440,8 +440,7 @@ def main() -> None:
         True,
         f"{loss_check}; timed runs: {budget} completions in each of {iterations} iterations x "
         f"{args.repeats} rounds a side, generated tokens ours {tokens['ours']} trl {tokens['trl']} "
-        f"(the whole budget), "
-        f"{params['ours'].pop()} trainable parameters each",
+        f"(the whole budget), {params['ours'].pop()} trainable parameters each",
     )
     ours, trl = medians["ours"], medians["trl"]
     print(f"RESULT ours={ours:.2f} trl={trl:.2f} ratio={ours / trl:.3f}")
