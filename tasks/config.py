@@ -241,7 +241,7 @@ class GateConfig:
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 320
-    val_problems: int = 10
+    val_problems: int = 30
     external_problems: int = 0
     seed: int = 0
     engine: str = "openvino"
