@@ -12,19 +12,22 @@ batch of 64 rows; the engine in one left-padded call).
 
 Same work is checked first: greedy answers (temperature 0, all prompts in one batch) from the engine at f32 must equal
 ours token for token (``CHECK same_work=ok``; otherwise ``same_work=FAIL`` and exit 1). Throughput = generated tokens
-(eos included) / wall time, counted the same way on both sides (completion ids). The sides alternate, ``--repeats``
-times each; the median and the range are printed. The engine also runs with the bf16 inference hint (this CPU has
-AVX512-BF16), reported beside, not in the RESULT. Last line:
+(eos included) / wall time, counted the same way on both sides (completion ids). The three arms alternate
+(`repeats.alternate`: A B C, C B A, A B C, ...), ``--repeats`` times each; the median and the range are printed. The
+engine also runs with the bf16 inference hint, reported beside, not in the RESULT (without native bf16 in the CPU,
+AVX512-BF16 or AMX, the hint runs emulated). Last line:
 ``RESULT engine=openvino-f32 tokens_per_s=<median> ratio=<engine/ours median>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from repeats import alternate, check_same_work, spread
 
 
 def main() -> None:
@@ -64,35 +67,34 @@ def main() -> None:
     theirs_greedy = samplers["f32"].sample(prompts, greedy)
     same = [a[0].completion_ids == b[0].completion_ids for a, b in zip(ours_greedy, theirs_greedy, strict=True)]
     tokens = sum(len(g[0].completion_ids) for g in ours_greedy)
-    if not all(same):
-        print(f"CHECK same_work=FAIL greedy answers differ on {same.count(False)} of {len(same)} prompts")
-        sys.exit(1)
-    print(f"CHECK same_work=ok greedy answers of {len(prompts)} prompts equal token for token ({tokens} tokens)")
+    check_same_work(
+        all(same),
+        f"greedy answers of {len(prompts)} prompts equal token for token ({tokens} tokens; {same.count(False)} differ)",
+    )
 
     config = SamplingConfig(
         n=args.n, temperature=0.8, top_p=0.95, max_new_tokens=args.max_new_tokens, stop_on_code_block=False
     )
 
-    def count(groups) -> int:
-        return sum(len(c.completion_ids) for g in groups for c in g)
-
-    runs = {
-        "ours (torch, 64 rows)": lambda: count(sample(model, tokenizer, prompts, config, progress=False)),
-        "openvino f32": lambda: count(samplers["f32"].sample(prompts, config)),
-        "openvino bf16": lambda: count(samplers["bf16"].sample(prompts, config)),
-    }
-    rates: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(args.repeats):
-        for name, run in runs.items():
+    def timed(run) -> Callable[[], float]:
+        def rate() -> float:
             t0 = time.perf_counter()
-            n_tokens = run()
-            rate = n_tokens / (time.perf_counter() - t0)
-            rates[name].append(rate)
-            print(f"repeat {r + 1} {name}: {rate:.1f} tok/s ({n_tokens} tokens)", flush=True)
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    for name, values in rates.items():
-        print(f"{name}: median {medians[name]:.1f} tok/s, range {min(values):.1f}–{max(values):.1f}")
-    ours = medians["ours (torch, 64 rows)"]
+            n_tokens = sum(len(c.completion_ids) for g in run() for c in g)
+            return n_tokens / (time.perf_counter() - t0)
+
+        return rate
+
+    ours_name = "ours (torch, 64 rows)"
+    rates = alternate(
+        {
+            ours_name: timed(lambda: sample(model, tokenizer, prompts, config, progress=False)),
+            "openvino f32": timed(lambda: samplers["f32"].sample(prompts, config)),
+            "openvino bf16": timed(lambda: samplers["bf16"].sample(prompts, config)),
+        },
+        args.repeats,
+    )
+    medians = {name: spread(name, values, "tok/s") for name, values in rates.items()}
+    ours = medians[ours_name]
     print(f"openvino bf16 hint: {medians['openvino bf16']:.1f} tok/s, ratio {medians['openvino bf16'] / ours:.2f}")
     print(
         f"RESULT engine=openvino-f32 tokens_per_s={medians['openvino f32']:.1f} "
