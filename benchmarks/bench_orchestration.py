@@ -41,11 +41,11 @@ COPY = ["flows", "tasks", "models", "dvc.yaml", "params.yaml", "pyproject.toml"]
 
 DIRECT = """
 from pathlib import Path
-from flows.evaluate import (
-    CHECKPOINTS, DELTAS, FIGURES, HEADLINE, HISTORIES, METRICS, OUT, PER_PROBLEM, PROTOCOL, REPORT, SAMPLES,
-    evaluate_headline, present_checkpoints, selection_prefix,
+from flows.evaluate import evaluate_headline, selection_prefix
+from flows.paths import (
+    CHECKPOINTS, EVAL_DELTAS, EVAL_FIGURES, EVAL_HEADLINE, EVAL_METRICS, EVAL_PER_PROBLEM, EVAL_PROTOCOL, EVAL_REPORT,
+    EVAL_SAMPLES, EVALUATE, HISTORIES, VALID_PROBLEMS, present_checkpoints,
 )
-from flows.validate import VALID_PROBLEMS
 from tasks.config import load_params
 from tasks.evaluate import (
     SPLITS, comparison_markdown, deltas_markdown, evaluate_checkpoint, pass1_deltas, passk_rows, plot_history,
@@ -64,7 +64,7 @@ metrics, per_problem = {}, {}
 with make_verifier(params.verifier) as verifier:
     for name, path in checkpoints.items():
         metrics[name], per_problem[name] = evaluate_checkpoint.fn(
-            path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, engine
+            path, params.base_model.dtype, problems, cfg, verifier, EVAL_SAMPLES / name, engine
         )
 families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
 deltas = pass1_deltas(per_problem, families, seed=cfg.seed)
@@ -72,18 +72,18 @@ scores = {
     name: {split: dict(zip(protocol["splits"][split], values, strict=True)) for split, values in s.items()}
     for name, s in per_problem.items()
 }
-write_json.fn(metrics, METRICS)
-write_json.fn(deltas, DELTAS)
-write_json.fn(evaluate_headline(metrics, deltas), HEADLINE)
-write_json.fn(protocol, PROTOCOL)
-write_json.fn({"protocol": protocol["id"], "champion_version": None, "checkpoints": scores}, PER_PROBLEM)
-write_lines.fn([comparison_markdown(metrics) + "\\n" + deltas_markdown(deltas).rstrip("\\n")], REPORT)
+write_json.fn(metrics, EVAL_METRICS)
+write_json.fn(deltas, EVAL_DELTAS)
+write_json.fn(evaluate_headline(metrics, deltas), EVAL_HEADLINE)
+write_json.fn(protocol, EVAL_PROTOCOL)
+write_json.fn({"protocol": protocol["id"], "champion_version": None, "checkpoints": scores}, EVAL_PER_PROBLEM)
+write_lines.fn([comparison_markdown(metrics) + "\\n" + deltas_markdown(deltas).rstrip("\\n")], EVAL_REPORT)
 for split in SPLITS:
-    write_json.fn({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, OUT / f"passk_{split}.json")
-plot_passk(metrics, FIGURES / "passk.png")
+    write_json.fn({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, EVALUATE / f"passk_{split}.json")
+plot_passk(metrics, EVAL_FIGURES / "passk.png")
 for stage, path in HISTORIES.items():
     if path.is_file():
-        plot_history(read_history(path), f"{stage} training", FIGURES / f"training_{stage}.png")
+        plot_history(read_history(path), f"{stage} training", EVAL_FIGURES / f"training_{stage}.png")
 """
 
 

@@ -6,17 +6,13 @@ Hugging Face directory or a hub id) is loaded and saved as is, so every later st
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
+from flows.paths import BASE_CHECKPOINT, BASE_REPORT
 from tasks import tracking
 from tasks.base_model import materialise_base
 from tasks.config import load_params
 from tasks.io import write_json
-
-CHECKPOINT = Path("data/checkpoints/base")
-REPORT = Path("data/checkpoints/base_model.json")
 
 
 @flow(name="base_model")
@@ -24,7 +20,7 @@ def run(params_path: str = "params.yaml") -> dict:
     """Materialise the base checkpoint and record where it came from."""
     params = load_params(params_path)
     with tracking.stage_run("base_model", params.tracking, params.base_model):
-        facts = materialise_base(params.base_model, CHECKPOINT)
-        write_json(facts, REPORT)
-        tracking.log_artifacts(REPORT)
+        facts = materialise_base(params.base_model, BASE_CHECKPOINT)
+        write_json(facts, BASE_REPORT)
+        tracking.log_artifacts(BASE_REPORT)
     return facts

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.base_model import CHECKPOINT
-from flows.validate import VALID_PROBLEMS
+from flows.paths import BASE_CHECKPOINT, BASELINE, BASELINE_METRICS, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
 from tasks.measure import make_sampler, make_verifier, measure_split, read_problems, resolve_engine
-
-OUT = Path("data/baseline")
-METRICS = OUT / "metrics.json"
 
 
 @flow(name="baseline")
@@ -27,17 +21,19 @@ def run(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     cfg = params.baseline
     with tracking.stage_run("baseline", params.tracking, cfg, inputs=(str(VALID_PROBLEMS),)):
-        model, tokenizer = load_policy(CHECKPOINT, dtype=params.base_model.dtype)
+        model, tokenizer = load_policy(BASE_CHECKPOINT, dtype=params.base_model.dtype)
         engine = resolve_engine(cfg.engine, cfg.precision, "baseline")
-        sampler = make_sampler(CHECKPOINT, tokenizer, engine)
+        sampler = make_sampler(BASE_CHECKPOINT, tokenizer, engine)
         mlflow.set_tag("didpo.engine", "/".join(engine))
         metrics = {}
         with make_verifier(params.verifier) as verifier:
             for split, limit in (("val", cfg.val_problems), ("humaneval", cfg.humaneval_problems)):
                 problems = read_problems(VALID_PROBLEMS, split, limit)
-                metrics[split] = measure_split(model, tokenizer, problems, cfg, verifier, OUT, split, sampler=sampler)
-        write_json(metrics, METRICS)
-        tracking.log_artifacts(OUT, artifact_path="baseline")
+                metrics[split] = measure_split(
+                    model, tokenizer, problems, cfg, verifier, BASELINE, split, sampler=sampler
+                )
+        write_json(metrics, BASELINE_METRICS)
+        tracking.log_artifacts(BASELINE, artifact_path="baseline")
         flat = {f"baseline/{split}/{k}": v for split, m in metrics.items() for k, v in m.items()}
         tracking.mlflow_emit(flat, step=0)
     return metrics

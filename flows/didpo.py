@@ -10,29 +10,29 @@ checkpoints live beside the exports in data/checkpoints/rl/checkpoints/ (not a D
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.validate import VALID_PROBLEMS
+from flows.paths import (
+    CHECKPOINTS,
+    RL_CHECKPOINT,
+    RL_HEADLINE,
+    RL_HISTORY,
+    RL_METRICS,
+    RL_POOL,
+    RL_ROLLOUTS,
+    VALID_PROBLEMS,
+)
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_history, write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.rl import run_rl
 
-POLICY = Path("data/checkpoints/dpo/merged")  # the DPO stage's export
-OUT = Path("data/checkpoints/rl")
-ROLLOUTS = Path("data/rl/rollouts.jsonl")
-POOL = Path("data/rl/pool.json")  # the screened prompt pool: pass rates and start-policy control curves
-METRICS = Path("data/rl/metrics.json")
-HEADLINE = Path("data/rl/headline.json")  # the DVC metric (tasks.io.headline)
 HEADLINE_KEYS = (
     "algo",
     "global_step",
     *(f"{name}/{at}" for name in ("pass_rate", "reward/outcome", "kl_start") for at in ("first", "last")),
 )
-HISTORY = Path("data/rl/history.json")
 
 
 @flow(name="didpo")
@@ -40,16 +40,23 @@ def run(params_path: str = "params.yaml") -> dict:
     """Run RL, export adapter + merged checkpoint, write rollouts, metrics and the per-step curves."""
     params = load_params(params_path)
     cfg = params.didpo
-    if not (POLICY / "config.json").is_file():
-        raise FileNotFoundError(f"{POLICY} holds no checkpoint: run the dpo stage first (`didpo stage dpo`)")
+    policy = CHECKPOINTS["dpo"]  # the DPO stage's export
+    if not (policy / "config.json").is_file():
+        raise FileNotFoundError(f"{policy} holds no checkpoint: run the dpo stage first (`didpo stage dpo`)")
     with tracking.stage_run(
-        "didpo", params.tracking, cfg, inputs=(str(VALID_PROBLEMS), str(POLICY)), resume_dir=OUT / "checkpoints"
+        "didpo",
+        params.tracking,
+        cfg,
+        inputs=(str(VALID_PROBLEMS), str(policy)),
+        resume_dir=RL_CHECKPOINT / "checkpoints",
     ):
         problems = read_problems(VALID_PROBLEMS, "train")
         with make_verifier(params.verifier) as verifier:
-            metrics, history = run_rl(POLICY, params.base_model.dtype, problems, cfg, verifier, OUT, ROLLOUTS, POOL)
-        write_json(metrics, METRICS)
-        write_json(headline(metrics, HEADLINE_KEYS), HEADLINE)
-        write_history(history, HISTORY)
-        tracking.log_artifacts(METRICS, HISTORY, ROLLOUTS, POOL, artifact_path="didpo")
+            metrics, history = run_rl(
+                policy, params.base_model.dtype, problems, cfg, verifier, RL_CHECKPOINT, RL_ROLLOUTS, RL_POOL
+            )
+        write_json(metrics, RL_METRICS)
+        write_json(headline(metrics, HEADLINE_KEYS), RL_HEADLINE)
+        write_history(history, RL_HISTORY)
+        tracking.log_artifacts(RL_METRICS, RL_HISTORY, RL_ROLLOUTS, RL_POOL, artifact_path="didpo")
     return metrics

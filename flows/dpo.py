@@ -10,24 +10,23 @@ data/checkpoints/dpo/checkpoints/ (not a DVC out), as for sft.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.selfplay import PAIRS
-from flows.sft import METRICS as SFT_METRICS
-from flows.sft import OUT as SFT_OUT
-from flows.validate import VALID_PROBLEMS
+from flows.paths import (
+    DPO_CHECKPOINT,
+    DPO_HISTORY,
+    DPO_METRICS,
+    SELFPLAY_PAIRS,
+    SFT_CHECKPOINT,
+    SFT_METRICS,
+    VALID_PROBLEMS,
+)
 from tasks import tracking
 from tasks.config import load_params
 from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check
 from tasks.io import write_history, write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.selfplay import read_pairs
-
-OUT = Path("data/checkpoints/dpo")
-METRICS = Path("data/dpo/metrics.json")
-HISTORY = Path("data/dpo/history.json")
 
 
 @flow(name="dpo")
@@ -37,21 +36,27 @@ def run(params_path: str = "params.yaml") -> dict:
 
     params = load_params(params_path)
     cfg, dtype = params.dpo, params.base_model.dtype
-    reference = SFT_OUT / "merged"
+    reference = SFT_CHECKPOINT / "merged"
     with tracking.stage_run(
-        "dpo", params.tracking, cfg, inputs=(str(PAIRS), str(reference)), resume_dir=OUT / "checkpoints"
+        "dpo",
+        params.tracking,
+        cfg,
+        inputs=(str(SELFPLAY_PAIRS), str(reference)),
+        resume_dir=DPO_CHECKPOINT / "checkpoints",
     ):
         expected, origin = expected_reference_hash(SFT_METRICS, reference)
-        train, held_out = split_pairs(select_pairs(read_pairs(PAIRS), cfg.max_pairs, cfg.seed), cfg.held_out_frac)
+        train, held_out = split_pairs(
+            select_pairs(read_pairs(SELFPLAY_PAIRS), cfg.max_pairs, cfg.seed), cfg.held_out_frac
+        )
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
         with make_verifier(params.verifier) as verifier:
             before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)
-            metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, OUT)
-            after = answer_quality(OUT / "merged", dtype, problems, cfg.max_new_tokens, verifier)
+            metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, DPO_CHECKPOINT)
+            after = answer_quality(DPO_CHECKPOINT / "merged", dtype, problems, cfg.max_new_tokens, verifier)
         smoke, logged = smoke_check(before, after)
         metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
-        write_json(metrics, METRICS)
-        write_history(history, HISTORY)
-        tracking.log_artifacts(METRICS, HISTORY, artifact_path="dpo")
+        write_json(metrics, DPO_METRICS)
+        write_history(history, DPO_HISTORY)
+        tracking.log_artifacts(DPO_METRICS, DPO_HISTORY, artifact_path="dpo")
         tracking.mlflow_emit(logged, step=metrics["global_step"])
     return metrics

@@ -25,10 +25,23 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.base_model import CHECKPOINT as BASE
-from flows.validate import VALID_PROBLEMS
+from flows.paths import (
+    CHECKPOINTS,
+    EVAL_DELTAS,
+    EVAL_FIGURES,
+    EVAL_HEADLINE,
+    EVAL_METRICS,
+    EVAL_PER_PROBLEM,
+    EVAL_PROTOCOL,
+    EVAL_REPORT,
+    EVAL_SAMPLES,
+    EVALUATE,
+    HISTORIES,
+    VALID_PROBLEMS,
+    present_checkpoints,
+)
 from tasks import tracking
-from tasks.config import CHECKPOINT_NAMES, load_params
+from tasks.config import load_params
 from tasks.evaluate import (
     SPLITS,
     comparison_markdown,
@@ -49,24 +62,6 @@ from tasks.io import write_json, write_lines
 from tasks.measure import make_verifier
 from tasks.registry import download_champion
 
-# Checkpoints in pipeline order (the names `evaluate.checkpoints` accepts); a missing one (its stage not run) is
-# skipped. The trained ones are merged exports; the base checkpoint is the base_model stage's folder.
-CHECKPOINTS = {name: Path(f"data/checkpoints/{name}/merged") for name in CHECKPOINT_NAMES} | {"base": BASE}
-HISTORIES = {
-    "sft": Path("data/sft/history.json"),
-    "dpo": Path("data/dpo/history.json"),
-    "rl": Path("data/rl/history.json"),
-}
-OUT = Path("data/evaluate")
-METRICS = OUT / "metrics.json"
-DELTAS = OUT / "deltas.json"
-PROTOCOL = OUT / "protocol.json"
-PER_PROBLEM = OUT / "per_problem.json"
-REPORT = OUT / "report.md"
-HEADLINE = OUT / "headline.json"  # the DVC metric: pass@1 of every checkpoint and split, and Δ against base
-SAMPLES = OUT / "samples"
-FIGURES = OUT / "figures"
-
 
 def evaluate_headline(metrics: dict, deltas: dict) -> dict:
     """``{"<checkpoint>.<split>.pass@1": value, "<trained>_vs_base.<split>.{delta,p_value}": value}``: the figures a
@@ -84,11 +79,6 @@ def evaluate_headline(metrics: dict, deltas: dict) -> dict:
                     if key in d:
                         out[f"{pair.removeprefix('base_to_')}_vs_base.{split}.{key}"] = d[key]
     return out
-
-
-def present_checkpoints() -> dict[str, Path]:
-    """The checkpoints of `CHECKPOINTS` that exist (a folder with a config.json), in pipeline order."""
-    return {name: path for name, path in CHECKPOINTS.items() if (path / "config.json").is_file()}
 
 
 def selection_prefix(params) -> int:
@@ -131,7 +121,7 @@ def run(params_path: str = "params.yaml") -> dict:
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
                 metrics[name], per_problem[name] = evaluate_checkpoint(
-                    path, params.base_model.dtype, problems, cfg, verifier, SAMPLES / name, engine
+                    path, params.base_model.dtype, problems, cfg, verifier, EVAL_SAMPLES / name, engine
                 )
         families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
         pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}
@@ -140,30 +130,30 @@ def run(params_path: str = "params.yaml") -> dict:
             name: {split: dict(zip(protocol["splits"][split], values, strict=True)) for split, values in s.items()}
             for name, s in per_problem.items()
         }
-        write_json(metrics, METRICS)
-        write_json(deltas, DELTAS)
-        write_json(evaluate_headline(metrics, deltas), HEADLINE)
-        write_json(protocol, PROTOCOL)
+        write_json(metrics, EVAL_METRICS)
+        write_json(deltas, EVAL_DELTAS)
+        write_json(evaluate_headline(metrics, deltas), EVAL_HEADLINE)
+        write_json(protocol, EVAL_PROTOCOL)
         write_json(
-            {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, PER_PROBLEM
+            {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, EVAL_PER_PROBLEM
         )
-        write_lines([comparison_markdown(metrics) + "\n" + deltas_markdown(deltas).rstrip("\n")], REPORT)
+        write_lines([comparison_markdown(metrics) + "\n" + deltas_markdown(deltas).rstrip("\n")], EVAL_REPORT)
         for split in SPLITS:
-            write_json({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, OUT / f"passk_{split}.json")
-        plot_passk(metrics, FIGURES / "passk.png")
+            write_json({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, EVALUATE / f"passk_{split}.json")
+        plot_passk(metrics, EVAL_FIGURES / "passk.png")
         for stage, path in HISTORIES.items():
             if path.is_file():
-                plot_history(read_history(path), f"{stage} training", FIGURES / f"training_{stage}.png")
+                plot_history(read_history(path), f"{stage} training", EVAL_FIGURES / f"training_{stage}.png")
         tracking.mlflow_emit(flat_metrics(metrics), step=0)
         mlflow.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
         tracking.log_artifacts(
-            METRICS,
-            DELTAS,
-            PROTOCOL,
-            PER_PROBLEM,
-            REPORT,
-            *(OUT / f"passk_{s}.json" for s in SPLITS),
+            EVAL_METRICS,
+            EVAL_DELTAS,
+            EVAL_PROTOCOL,
+            EVAL_PER_PROBLEM,
+            EVAL_REPORT,
+            *(EVALUATE / f"passk_{s}.json" for s in SPLITS),
             artifact_path="evaluate",
         )
-        tracking.log_artifacts(FIGURES, artifact_path="evaluate/figures")
+        tracking.log_artifacts(EVAL_FIGURES, artifact_path="evaluate/figures")
     return metrics

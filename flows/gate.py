@@ -10,13 +10,9 @@ is tagged ``gate=failed``; `didpo run` stops and no later stage runs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.base_model import CHECKPOINT as BASE
-from flows.sft import OUT as SFT_OUT
-from flows.validate import VALID_PROBLEMS
+from flows.paths import BASE_CHECKPOINT, GATE, GATE_METRICS, SFT_CHECKPOINT, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
@@ -31,9 +27,6 @@ from tasks.measure import (
     resolve_engine,
 )
 
-OUT = Path("data/gate")
-METRICS = OUT / "metrics.json"
-
 
 @flow(name="gate")
 def run(params_path: str = "params.yaml") -> dict:
@@ -44,8 +37,8 @@ def run(params_path: str = "params.yaml") -> dict:
 
     params = load_params(params_path)
     cfg = params.gate
-    merged = SFT_OUT / "merged"
-    inputs = (str(VALID_PROBLEMS), str(merged), str(BASE))
+    merged = SFT_CHECKPOINT / "merged"
+    inputs = (str(VALID_PROBLEMS), str(merged), str(BASE_CHECKPOINT))
     with tracking.stage_run("gate", params.tracking, cfg, inputs=inputs):
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
         external = read_problems(VALID_PROBLEMS, "humaneval", cfg.external_problems)
@@ -53,29 +46,29 @@ def run(params_path: str = "params.yaml") -> dict:
         with make_verifier(params.verifier) as verifier:
 
             def external_passes(name, model, tokenizer, sampler):
-                out = OUT / f"external_{name}.jsonl"
+                out = GATE / f"external_{name}.jsonl"
                 results = greedy_results(
                     model, tokenizer, external, cfg.max_new_tokens, cfg.seed, verifier, out, sampler
                 )
                 return [r.pass_at(1) for r in results]
 
-            base_model, base_tokenizer = load_policy(BASE, dtype=params.base_model.dtype)
+            base_model, base_tokenizer = load_policy(BASE_CHECKPOINT, dtype=params.base_model.dtype)
             base_passes = external_passes(
-                "base", base_model, base_tokenizer, make_sampler(BASE, base_tokenizer, engine)
+                "base", base_model, base_tokenizer, make_sampler(BASE_CHECKPOINT, base_tokenizer, engine)
             )
             del base_model
             model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
             sampler = make_sampler(merged, tokenizer, engine)
             sft_passes = external_passes("sft", model, tokenizer, sampler)
             metrics = measure_split(
-                model, tokenizer, problems, cfg, verifier, OUT, "val", greedy=False, sampler=sampler
+                model, tokenizer, problems, cfg, verifier, GATE, "val", greedy=False, sampler=sampler
             )
         verdict = gate_verdict(metrics, cfg)
         metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed, "engine": "/".join(engine)}
         if external:
             metrics["external"] = external_change(base_passes, sft_passes, seed=cfg.seed)
-        write_json(metrics, METRICS)
-        tracking.log_artifacts(OUT, artifact_path="gate")
+        write_json(metrics, GATE_METRICS)
+        tracking.log_artifacts(GATE, artifact_path="gate")
         flat = {f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
         flat |= {f"gate/external/{k}": v for k, v in metrics.get("external", {}).items() if isinstance(v, int | float)}
         tracking.mlflow_emit(flat, step=0)

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.validate import VALID_LOGS, VALID_PAIRS
+from flows.paths import MINE_HEADLINE, MINE_REPORT, MINED_PAIRS, VALID_LOGS, VALID_PAIRS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.feedback import read_frame, write_frame
 from tasks.io import headline, write_json
 
-OUT = Path("data/mined")
-PAIRS = OUT / "pairs.jsonl"
-REPORT = OUT / "report.json"
-HEADLINE = OUT / "headline.json"  # the DVC metric (tasks.io.headline)
 HEADLINE_KEYS = ("events_in", "events_used", "double_clicks_dropped", "pairs_kept")
 
 
@@ -29,9 +23,9 @@ def run(params_path: str = "params.yaml") -> dict:
         events = read_frame(VALID_LOGS, EVENT_COLUMNS)
         human = read_frame(VALID_PAIRS, HUMAN_COLUMNS)
         pairs, report = mine_pairs(events, params.mine, human_pairs=human if len(human) else None)
-        write_frame(pairs, PAIRS)
-        write_json(report, REPORT)
-        write_json(headline(report, HEADLINE_KEYS), HEADLINE)
-        tracking.log_artifacts(REPORT, artifact_path="mine")
+        write_frame(pairs, MINED_PAIRS)
+        write_json(report, MINE_REPORT)
+        write_json(headline(report, HEADLINE_KEYS), MINE_HEADLINE)
+        tracking.log_artifacts(MINE_REPORT, artifact_path="mine")
         tracking.mlflow_emit({"mine/pairs": len(pairs), "mine/events": len(events)}, step=0)
     return report

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
+from flows.paths import PREPARE_HEADLINE, PREPARE_REPORT, PREPARED_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json, write_lines
@@ -18,9 +17,6 @@ from tasks.prepare import (
     user_problem_lines,
 )
 
-PROBLEMS = Path("data/prepared/problems.jsonl")
-REPORT = Path("data/prepared/prepare_report.json")
-HEADLINE = Path("data/prepared/headline.json")  # the DVC metric (tasks.io.headline)
 HEADLINE_KEYS = (
     "n_problems",
     *(f"splits.{split}" for split in ("train", "val", "test", "heldout", "humaneval")),
@@ -44,11 +40,11 @@ def run(params_path: str = "params.yaml") -> dict:
         if cfg.include_humaneval:
             problems = problems + humaneval_problems()
         user_lines = [line for path in cfg.user_problems for line in user_problem_lines(path, cfg)]
-        write_lines([serialise(p) for p in problems] + user_lines, PROBLEMS)
+        write_lines([serialise(p) for p in problems] + user_lines, PREPARED_PROBLEMS)
         report = prepare_report(problems, len(user_lines), cfg)
-        write_json(report, REPORT)
-        write_json(headline(report, HEADLINE_KEYS), HEADLINE)
-        tracking.log_artifacts(REPORT)
+        write_json(report, PREPARE_REPORT)
+        write_json(headline(report, HEADLINE_KEYS), PREPARE_HEADLINE)
+        tracking.log_artifacts(PREPARE_REPORT)
         splits = {f"prepare/n_{split}": n for split, n in report["splits"].items()}
         tracking.mlflow_emit({"prepare/n_problems": report["n_problems"], **splits}, step=0)
     return report

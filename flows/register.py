@@ -11,19 +11,22 @@ replaced.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from prefect import flow
 
-from flows.evaluate import METRICS as EVAL_METRICS
-from flows.evaluate import PER_PROBLEM, PROTOCOL, present_checkpoints
+from flows.paths import (
+    EVAL_METRICS,
+    EVAL_PER_PROBLEM,
+    EVAL_PROTOCOL,
+    REGISTER_DECISION,
+    REGISTER_HEADLINE,
+    present_checkpoints,
+)
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json
 from tasks.registry import Evidence, choose_candidate, flatten, register_and_decide
 
-DECISION = Path("data/register/decision.json")
-HEADLINE = Path("data/register/headline.json")  # the DVC metric (tasks.io.headline)
 HEADLINE_KEYS = (
     "checkpoint",
     "incumbent",
@@ -41,8 +44,8 @@ def run(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     cfg = params.register
     evaluated = json.loads(EVAL_METRICS.read_text())
-    measured = json.loads(PER_PROBLEM.read_text())
-    families = json.loads(PROTOCOL.read_text())["families"]
+    measured = json.loads(EVAL_PER_PROBLEM.read_text())
+    families = json.loads(EVAL_PROTOCOL.read_text())["families"]
     evidence = {
         name: Evidence(name, measured["protocol"], scores, families, flatten(evaluated[name]))
         for name, scores in measured["checkpoints"].items()
@@ -58,8 +61,8 @@ def run(params_path: str = "params.yaml") -> dict:
     with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path))):
         result = register_and_decide(path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype)
         decision = result.as_dict()
-        write_json(decision, DECISION)
-        write_json(headline(decision, HEADLINE_KEYS), HEADLINE)
+        write_json(decision, REGISTER_DECISION)
+        write_json(headline(decision, HEADLINE_KEYS), REGISTER_HEADLINE)
         mlflow.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",
@@ -81,5 +84,5 @@ def run(params_path: str = "params.yaml") -> dict:
             },
             0,
         )
-        tracking.log_artifacts(DECISION, artifact_path="register")
+        tracking.log_artifacts(REGISTER_DECISION, artifact_path="register")
     return decision

@@ -7,22 +7,22 @@ Runs after the gate (it depends on data/gate/metrics.json, so a failed gate bloc
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from prefect import flow
 
-from flows.mine import PAIRS as MINED_PAIRS
-from flows.sft import OUT as SFT_OUT
-from flows.validate import VALID_PAIRS, VALID_PROBLEMS
+from flows.paths import (
+    MINED_PAIRS,
+    SELFPLAY_METRICS,
+    SELFPLAY_PAIRS,
+    SFT_CHECKPOINT,
+    VALID_PAIRS,
+    VALID_PROBLEMS,
+)
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import write_json
 from tasks.measure import make_verifier, read_problems
 from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
-
-OUT = Path("data/selfplay")
-PAIRS = OUT / "pairs.jsonl"
-METRICS = OUT / "metrics.json"
 
 
 @flow(name="selfplay")
@@ -33,7 +33,7 @@ def run(params_path: str = "params.yaml") -> dict:
 
     params = load_params(params_path)
     cfg = params.selfplay
-    merged = SFT_OUT / "merged"
+    merged = SFT_CHECKPOINT / "merged"
     inputs = (str(VALID_PROBLEMS), str(merged), str(MINED_PAIRS))
     with tracking.stage_run("selfplay", params.tracking, cfg, inputs=inputs):
         model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
@@ -50,8 +50,8 @@ def run(params_path: str = "params.yaml") -> dict:
             "n_pairs": len(pairs),
             **{f"n_{s}_pairs_kept": counts.get(s, 0) for s in ("human", "mined", "selfplay")},
         }
-        write_pairs(pairs, PAIRS)
-        write_json(metrics, METRICS)
-        tracking.log_artifacts(METRICS, artifact_path="selfplay")
+        write_pairs(pairs, SELFPLAY_PAIRS)
+        write_json(metrics, SELFPLAY_METRICS)
+        tracking.log_artifacts(SELFPLAY_METRICS, artifact_path="selfplay")
         tracking.mlflow_emit({f"selfplay/{k}": v for k, v in metrics.items()}, step=0)
     return metrics

@@ -5,18 +5,12 @@ The miner never reads data/simulated/ground_truth.jsonl; bench_mining.py uses it
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 
-from flows.prepare import PROBLEMS
+from flows.paths import GROUND_TRUTH, PREPARED_PROBLEMS, SIMULATED_LOGS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.feedback import simulate, write_frame
-
-OUT = Path("data/simulated")
-LOGS = OUT / "feedback_logs.jsonl"
-GROUND_TRUTH = OUT / "ground_truth.jsonl"
 
 
 @flow(name="simulate_logs")
@@ -24,9 +18,9 @@ def run(params_path: str = "params.yaml") -> dict:
     """Simulate, write logs + ground truth; returns counts."""
     params = load_params(params_path)
     cfg = params.simulate_logs
-    with tracking.stage_run("simulate_logs", params.tracking, cfg, inputs=(str(PROBLEMS),)):
-        events, truth = simulate(PROBLEMS, cfg, params.verifier)
-        write_frame(events, LOGS)
+    with tracking.stage_run("simulate_logs", params.tracking, cfg, inputs=(str(PREPARED_PROBLEMS),)):
+        events, truth = simulate(PREPARED_PROBLEMS, cfg, params.verifier)
+        write_frame(events, SIMULATED_LOGS)
         write_frame(truth, GROUND_TRUTH)
         counts = {
             "simulate_logs/events": len(events),

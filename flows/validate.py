@@ -11,20 +11,21 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.prepare import PROBLEMS
+from flows.paths import (
+    PREPARED_PROBLEMS,
+    QUARANTINE,
+    VALID_LOGS,
+    VALID_PAIRS,
+    VALID_PROBLEMS,
+    VALIDATE_HEADLINE,
+    VALIDATE_REPORT_JSON,
+    VALIDATE_REPORT_MD,
+)
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json
 from tasks.measure import validate_logs_task, validate_pairs_task, validate_problems_task
 
-OUT = Path("data/validated")
-VALID_PROBLEMS = OUT / "problems.jsonl"
-VALID_LOGS = OUT / "feedback_logs.jsonl"
-VALID_PAIRS = OUT / "human_pairs.jsonl"
-QUARANTINE = OUT / "quarantine"
-REPORT_JSON = OUT / "report.json"
-REPORT_MD = OUT / "report.md"
-HEADLINE = OUT / "headline.json"  # the DVC metric (tasks.io.headline)
 HEADLINE_KEYS = (
     "passed",
     *(
@@ -42,16 +43,16 @@ def run(params_path: str = "params.yaml") -> dict:
 
     params = load_params(params_path)
     cfg = params.validate
-    inputs = (str(PROBLEMS), cfg.feedback_logs, cfg.human_pairs)
+    inputs = (str(PREPARED_PROBLEMS), cfg.feedback_logs, cfg.human_pairs)
     with tracking.stage_run("validate", params.tracking, cfg, inputs=inputs):
         reports = [
-            validate_problems_task(params, PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl"),
+            validate_problems_task(params, PREPARED_PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl"),
             validate_logs_task(cfg, Path(cfg.feedback_logs), VALID_LOGS, QUARANTINE / "feedback_logs.jsonl"),
             validate_pairs_task(cfg, Path(cfg.human_pairs), VALID_PAIRS, QUARANTINE / "human_pairs.jsonl"),
         ]
-        write_report(reports, REPORT_JSON, REPORT_MD)
-        write_json(headline(report_dict(reports), HEADLINE_KEYS), HEADLINE)
-        tracking.log_artifacts(REPORT_JSON, REPORT_MD, QUARANTINE, artifact_path="validation")
+        write_report(reports, VALIDATE_REPORT_JSON, VALIDATE_REPORT_MD)
+        write_json(headline(report_dict(reports), HEADLINE_KEYS), VALIDATE_HEADLINE)
+        tracking.log_artifacts(VALIDATE_REPORT_JSON, VALIDATE_REPORT_MD, QUARANTINE, artifact_path="validation")
         tracking.mlflow_emit(
             {
                 f"validate/{r.name}/{key}": getattr(r, key)

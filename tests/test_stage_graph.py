@@ -1,0 +1,121 @@
+"""dvc.yaml and the code agree (issue 20, item 4): every stage path in flows/paths.py is an output of a dvc.yaml stage
+and every dvc.yaml output is one of them (or under one); no stage's flow imports another stage's flow; and every
+stage's ``deps`` cover the project modules its flow imports, followed through every import (function-local ones
+included), so editing any of them makes ``dvc repro`` re-run the stage."""
+
+import ast
+from pathlib import Path
+
+import yaml
+
+import flows.paths as paths
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = ("models", "tasks", "flows")
+# Modules a module starts as a script rather than imports (the verifier's pool runs `python -I models/_sandbox_worker.py`).
+SCRIPTS = {"models.verifier": {"models._sandbox_worker"}}
+
+
+def _stages() -> dict[str, dict]:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def _outputs(spec: dict) -> list[str]:
+    """A stage's outs, metrics and plots as path strings (dvc.yaml writes each as a string or a one-key mapping)."""
+    return [
+        entry if isinstance(entry, str) else next(iter(entry))
+        for key in ("outs", "metrics", "plots")
+        for entry in spec.get(key, [])
+    ]
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _modules() -> dict[str, Path]:
+    """Project module name → file (``models.sft`` → models/sft.py)."""
+    return {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for d in PROJECT
+        for p in (ROOT / d).glob("*.py")
+        if p.name != "__init__.py"
+    }
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``path`` imports anywhere in its body (``from a import b`` counts ``a.b`` when that is a
+    module)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return {name for name in names if name in modules}
+
+
+def _closure(start: str, modules: dict[str, Path]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += _imports(modules[name], modules) | SCRIPTS.get(name, set())
+    return seen
+
+
+def _stage_paths() -> dict[str, str]:
+    return {name: str(value) for name, value in vars(paths).items() if isinstance(value, Path)}
+
+
+def test_every_stage_path_is_a_dvc_output_and_every_output_is_a_stage_path():
+    outputs = [out for spec in _stages().values() for out in _outputs(spec)]
+    constants = _stage_paths()
+    orphans = {name: p for name, p in constants.items() if not any(_under(p, o) or _under(o, p) for o in outputs)}
+    assert not orphans, f"flows/paths.py paths no dvc.yaml stage writes: {orphans}"
+    unnamed = [o for o in outputs if not any(_under(o, p) for p in constants.values())]
+    assert not unnamed, f"dvc.yaml outputs with no flows/paths.py constant: {unnamed}"
+    assert [str(p) for p in paths.CHECKPOINTS.values()] == [
+        "data/checkpoints/base",
+        "data/checkpoints/sft/merged",
+        "data/checkpoints/dpo/merged",
+        "data/checkpoints/rl/merged",
+    ]
+
+
+def test_checkpoint_names_are_the_configs():
+    from tasks.config import CHECKPOINT_NAMES
+
+    assert tuple(paths.CHECKPOINTS) == CHECKPOINT_NAMES
+    assert set(paths.HISTORIES) == set(CHECKPOINT_NAMES) - {"base"}
+
+
+def test_no_stage_flow_imports_another_stage_flow():
+    modules = _modules()
+    stage_flows = {f"flows.{name}" for name in _stages()}
+    for name in sorted(stage_flows):
+        others = (_imports(modules[name], modules) & stage_flows) - {name}
+        assert not others, f"{name} imports {sorted(others)}: read another stage's paths from flows.paths"
+
+
+def test_every_stage_deps_cover_the_modules_its_flow_imports():
+    modules = _modules()
+    missing = {}
+    for stage, spec in _stages().items():
+        deps = [str(d) for d in spec.get("deps", [])]
+        needed = sorted(str(modules[m].relative_to(ROOT)) for m in _closure(f"flows.{stage}", modules))
+        lacking = [path for path in needed if not any(_under(path, d) for d in deps)]
+        if lacking:
+            missing[stage] = lacking
+    assert not missing, f"dvc.yaml deps lack modules the stage imports: {missing}"
+
+
+def test_the_closure_follows_function_local_imports(tmp_path, monkeypatch):
+    """The checker itself: a module reached only through an import inside a function is in the closure."""
+    (tmp_path / "a.py").write_text("def f():\n    from b import g\n")
+    (tmp_path / "b.py").write_text("import c\n")
+    (tmp_path / "c.py").write_text("x = 1\n")
+    modules = {name: tmp_path / f"{name}.py" for name in ("a", "b", "c")}
+    assert _closure("a", modules) == {"a", "b", "c"}
+    assert _closure("c", modules) == {"c"}
