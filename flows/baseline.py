@@ -7,8 +7,8 @@ from prefect import flow
 from flows.paths import BASE_CHECKPOINT, BASELINE, BASELINE_METRICS, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
-from tasks.measure import make_sampler, make_verifier, measure_split, read_problems, resolve_engine
+from tasks.io import read_problems, write_json
+from tasks.measure import make_sampler, make_verifier, measure_split, resolve_engine
 
 
 @flow(name="baseline")

@@ -151,7 +151,7 @@ def stage(
         raise typer.Exit(2)
     from flows.pipeline import record_stage_seconds
     from tasks.config import ConfigError, load_params
-    from tasks.measure import GateFailed
+    from tasks.gate import GateFailed
     from tasks.validate import ValidationFailed
 
     try:

@@ -24,8 +24,8 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check
-from tasks.io import write_history, write_json
-from tasks.measure import make_verifier, read_problems
+from tasks.io import read_problems, write_history, write_json
+from tasks.measure import make_verifier
 from tasks.selfplay import read_pairs
 
 

@@ -15,17 +15,9 @@ from prefect import flow
 from flows.paths import BASE_CHECKPOINT, GATE, GATE_METRICS, SFT_CHECKPOINT, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
-from tasks.measure import (
-    external_change,
-    gate_verdict,
-    greedy_results,
-    make_sampler,
-    make_verifier,
-    measure_split,
-    read_problems,
-    resolve_engine,
-)
+from tasks.gate import external_change, gate_verdict
+from tasks.io import read_problems, write_json
+from tasks.measure import greedy_results, make_sampler, make_verifier, measure_split, resolve_engine
 
 
 @flow(name="gate")

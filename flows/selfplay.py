@@ -20,8 +20,8 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
-from tasks.measure import make_verifier, read_problems
+from tasks.io import read_problems, write_json
+from tasks.measure import make_verifier
 from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
 
 

@@ -12,8 +12,7 @@ from prefect import flow
 from flows.paths import BASE_CHECKPOINT, SFT_CHECKPOINT, SFT_HISTORY, SFT_METRICS, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_history, write_json
-from tasks.measure import read_problems
+from tasks.io import read_problems, write_history, write_json
 from tasks.sft import run_sft
 
 

@@ -24,7 +24,7 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json
-from tasks.measure import validate_logs_task, validate_pairs_task, validate_problems_task
+from tasks.validate import validate_logs_task, validate_pairs_task, validate_problems_task
 
 HEADLINE_KEYS = (
     "passed",

@@ -12,7 +12,7 @@ checkpoint of a finished run at once: the base model and each present trained ch
 data/validated/problems.jsonl), sampled as the protocol samples val (``evaluate.n_samples`` at its temperature and
 seed); ``--splits`` chooses which (both by default). Generation goes through the evaluate stage's engine (OpenVINO
 GenAI where ``make export-env`` ran, else the torch sampler), verdicts through the sandbox. Prints one line per
-checkpoint and split and writes the figures (`tasks.measure.external_change`: Δ, 95% interval, MDE, one-sided p of
+checkpoint and split and writes the figures (`tasks.gate.external_change`: Δ, 95% interval, MDE, one-sided p of
 "better" and of "worse"), the seconds each checkpoint took and the per-problem answers (next to ``--out``).
 """
 
@@ -40,7 +40,9 @@ def main() -> None:
     from models.policy import load_policy
     from tasks.config import load_params
     from tasks.evaluate import protocol_problems
-    from tasks.measure import external_change, make_sampler, make_verifier, read_problems, resolve_engine, write_results
+    from tasks.gate import external_change
+    from tasks.io import read_problems
+    from tasks.measure import make_sampler, make_verifier, resolve_engine, write_results
     from tasks.prepare import humaneval_problems
 
     root = Path(args.root)

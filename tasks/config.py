@@ -225,7 +225,7 @@ class BaselineConfig:
 @dataclass(frozen=True)
 class GateConfig:
     """``gate``: RL only when the SFT model already "knows how" (seed report: RL amplifies, it does not create;
-    consumer: `flows.gate`, decided by `tasks.measure.gate_verdict`).
+    consumer: `flows.gate`, decided by `tasks.gate.gate_verdict`).
 
     n_samples ≥ k answers per val problem at ``temperature``/``top_p``; the unbiased pass@k must exceed ``threshold``
     (in [0, 1]), else the pipeline stops before any preference or RL stage. val_problems: how many val problems
@@ -314,7 +314,7 @@ class EvaluateConfig:
         val_per_family: val problems measured per family (stratified), taken in file order from the val problems
             after the selection prefix (the ones the gate, SFT, DPO and the baseline use); 0 = every remaining one.
             80 problems × 4 answers detect +0.07 pass@1 with power 0.8 (benchmarks/bench_promotion.py); params.yaml
-            takes 5 of each of the 18 trained families (90).
+            takes 5 of each of the 18 trained families (88: after the gate's 30 val problems two families have 4 left).
         test_problems, humaneval_problems: the first problems of those splits measured (0 = all).
         heldout_per_family: problems measured per held-out family (``prepare.heldout_families``: generated families
             never trained on), in file order; 0 = all. In-family figures (val, test) measure unseen variants of

@@ -89,7 +89,7 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
     """The protocol's problems of every split from a validated problems file: val by `protocol_problems` after the
     first ``skip`` val problems, the held-out families' ``heldout_per_family`` each, test and HumanEval the first
     ``test_problems`` / ``humaneval_problems`` (a split the data lacks has no problems)."""
-    from tasks.measure import read_problems
+    from tasks.io import read_problems
 
     return {
         "val": protocol_problems(read_problems(problems_path, "val"), skip, cfg.val_per_family),

@@ -10,8 +10,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.config import SimulateConfig, VerifierSection
-from tasks.io import atomic_write_lines
-from tasks.measure import make_verifier, read_problems
+from tasks.io import atomic_write_lines, read_problems
+from tasks.measure import make_verifier
 
 
 @task(cache_policy=NO_CACHE)

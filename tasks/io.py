@@ -70,3 +70,16 @@ def headline(report: dict, keys: Iterable[str]) -> dict:
         else:
             out[key] = node
     return out
+
+
+def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
+    """The rows of one split of a validated problems file, in file order; ``limit`` > 0 keeps the first ones."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["split"] == split:
+                rows.append(row)
+                if limit and len(rows) == limit:
+                    break
+    return rows

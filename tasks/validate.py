@@ -53,9 +53,14 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.config import ValidateConfig
 from tasks.generate import normalise_text as normalise_prompt  # the leakage key, one definition
 from tasks.io import atomic_write_lines
 from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
+from tasks.measure import make_verifier
 from tasks.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 
 if TYPE_CHECKING:
@@ -717,3 +722,54 @@ def write_report(reports: Sequence[DatasetReport], json_path: str | Path, md_pat
     """Write :func:`report_dict` (JSON) to ``json_path`` and :func:`report_markdown` to ``md_path``."""
     atomic_write_lines(Path(json_path), [json.dumps(report_dict(reports), indent=2, sort_keys=True)])
     atomic_write_lines(Path(md_path), [report_markdown(reports).rstrip("\n")])
+
+
+@task(cache_policy=NO_CACHE)
+def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine: Path):
+    """Problems contract; reference solutions run against their own tests in the sandbox (when configured)."""
+    cfg = params.validate
+    if not cfg.check_solutions:
+        return validate_problems(source, out_valid, out_quarantine, max_bad_row_rate=cfg.max_bad_row_rate_problems)
+    with make_verifier(params.verifier) as verifier:
+
+        def check(rows):
+            jobs = [(r["prompt"] + r["canonical_solution"], r["test"], r["entry_point"]) for r in rows]
+            return verifier.check_many(jobs, progress=True)
+
+        return validate_problems(
+            source,
+            out_valid,
+            out_quarantine,
+            max_bad_row_rate=cfg.max_bad_row_rate_problems,
+            check_solutions=check,
+        )
+
+
+@task(cache_policy=NO_CACHE)
+def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
+    """Feedback-log contract; PII and secrets are scrubbed from everything written (valid rows and quarantine)."""
+    from tasks.pii import scrub_text
+
+    return validate_feedback_logs(
+        source,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=cfg.max_bad_row_rate_logs,
+        max_text_chars=cfg.max_text_chars,
+        redact=scrub_text,
+    )
+
+
+@task(cache_policy=NO_CACHE)
+def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
+    """Human preference-pair contract (chosen ≠ rejected, non-empty); PII and secrets scrubbed as for the logs."""
+    from tasks.pii import scrub_text
+
+    return validate_pairs(
+        source,
+        out_valid,
+        out_quarantine,
+        max_bad_row_rate=cfg.max_bad_row_rate_pairs,
+        max_text_chars=cfg.max_text_chars,
+        redact=scrub_text,
+    )

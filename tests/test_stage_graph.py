@@ -1,7 +1,8 @@
 """dvc.yaml and the code agree (issue 20, item 4): every stage path in flows/paths.py is an output of a dvc.yaml stage
 and every dvc.yaml output is one of them (or under one); no stage's flow imports another stage's flow; and every
-stage's ``deps`` cover the project modules its flow imports, followed through every import (function-local ones
-included), so editing any of them makes ``dvc repro`` re-run the stage."""
+stage's project-module ``deps`` are exactly the modules its flow imports, followed through every import
+(function-local ones included), so editing any of them makes ``dvc repro`` re-run the stage and editing any other
+does not."""
 
 import ast
 from pathlib import Path
@@ -12,7 +13,7 @@ import flows.paths as paths
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("models", "tasks", "flows")
-# Modules a module starts as a script rather than imports (the verifier's pool runs `python -I models/_sandbox_worker.py`).
+# Modules started as scripts rather than imported (the verifier runs `python -I models/_sandbox_worker.py`).
 SCRIPTS = {"models.verifier": {"models._sandbox_worker"}}
 
 
@@ -99,16 +100,17 @@ def test_no_stage_flow_imports_another_stage_flow():
         assert not others, f"{name} imports {sorted(others)}: read another stage's paths from flows.paths"
 
 
-def test_every_stage_deps_cover_the_modules_its_flow_imports():
+def test_every_stage_deps_are_the_modules_its_flow_imports():
     modules = _modules()
-    missing = {}
+    wrong = {}
     for stage, spec in _stages().items():
         deps = [str(d) for d in spec.get("deps", [])]
         needed = sorted(str(modules[m].relative_to(ROOT)) for m in _closure(f"flows.{stage}", modules))
         lacking = [path for path in needed if not any(_under(path, d) for d in deps)]
-        if lacking:
-            missing[stage] = lacking
-    assert not missing, f"dvc.yaml deps lack modules the stage imports: {missing}"
+        extra = [d for d in deps if d.endswith(".py") and d.split("/")[0] in PROJECT and d not in needed]
+        if lacking or extra:
+            wrong[stage] = {"lacking": lacking, "not imported": extra}
+    assert not wrong, f"dvc.yaml deps differ from the modules each stage's flow imports: {wrong}"
 
 
 def test_the_closure_follows_function_local_imports(tmp_path, monkeypatch):

@@ -424,7 +424,7 @@ def test_no_personal_data_reaches_any_output_of_the_stage(tmp_path):
     """Issue 15: PII in every field of valid rows, in unknown extra fields and in quarantined rows (logs and human
     pairs) appears in none of the files the stage writes; PII-bearing ids become stable, distinct pseudonyms."""
     from tasks.config import ValidateConfig
-    from tasks.measure import validate_logs_task, validate_pairs_task
+    from tasks.validate import validate_logs_task, validate_pairs_task
 
     extras = {"debug": f"reach me at {EXTRA_EMAIL}, Authorization: Bearer {BEARER}", "note": EXTRA_TOKEN}
     full = {f: pii(f) for f in ("event_id", "user_id", "session_id", "prompt", "response", "category")}
