@@ -1,4 +1,5 @@
-"""File output shared by stages: every write is atomic (temp file + rename), so a crash never leaves half a file."""
+"""File input and output shared by stages: reading a split of a problems file; every write is atomic (temp file +
+rename), so a crash never leaves half a file."""
 
 from __future__ import annotations
 

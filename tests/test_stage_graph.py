@@ -121,3 +121,23 @@ def test_the_closure_follows_function_local_imports(tmp_path, monkeypatch):
     modules = {name: tmp_path / f"{name}.py" for name in ("a", "b", "c")}
     assert _closure("a", modules) == {"a", "b", "c"}
     assert _closure("c", modules) == {"c"}
+
+
+def test_architecture_page_names_every_stage_and_only_modules_the_stage_imports():
+    """docs/ARCHITECTURE.md's stage table: one row per dvc.yaml stage, and every module a row names for the stage's
+    work or learning code is in that stage's import closure (the map cannot point at code the stage does not run)."""
+    import re
+
+    modules = _modules()
+    rows = {}
+    for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"\| `(\w+)`[^|]*\| flows/\w+\.py \| ([^|]*)\| ([^|]*)\|", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3))
+    assert set(rows) == set(_stages())
+    for stage, (work, learning) in rows.items():
+        closure = _closure(f"flows.{stage}", modules)
+        named = {f"tasks.{n}" for n in re.findall(r"(\w+)\.py", work)}
+        named |= {f"models.{n}" for n in re.findall(r"(\w+)\.py", learning)}
+        assert named, stage
+        assert named <= closure, f"{stage}: the page names {sorted(named - closure)}, which the stage does not import"
