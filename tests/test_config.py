@@ -1,6 +1,5 @@
 """params.yaml → dataclasses: errors name the key and the allowed values; the repo's params.yaml is valid."""
 
-import ast
 import dataclasses
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import pytest
 import yaml
 
 from tasks.config import ConfigError, Params, load_params, parse_params
+from tests.test_stage_graph import project_imports, project_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,25 +192,9 @@ def test_reading_params_imports_no_heavy_package():
     assert out.stdout.strip() == "[]"
 
 
-def _project_imports(path: Path) -> set[str]:
-    """Project modules (models., tasks., flows.) that ``path`` imports anywhere, function-local imports included."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-    return {n for n in names if n.split(".")[0] in ("models", "tasks", "flows")}
-
-
 def test_config_modules_are_leaves_and_the_import_graph_has_no_circle():
-    files = {
-        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
-        for d in ("models", "tasks", "flows")
-        for p in (ROOT / d).glob("*.py")
-        if p.name != "__init__.py"
-    }
-    graph = {name: {m for m in _project_imports(path) if m in files and m != name} for name, path in files.items()}
+    files = project_modules()
+    graph = {name: project_imports(path, files) - {name} for name, path in files.items()}
     assert graph["models.config"] == set()
     assert graph["tasks.config"] == {"models.config", "tasks.problem_families"}
     assert graph["tasks.problem_families"] == set()

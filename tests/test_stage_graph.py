@@ -34,7 +34,7 @@ def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _modules() -> dict[str, Path]:
+def project_modules() -> dict[str, Path]:
     """Project module name → file (``models.sft`` → models/sft.py)."""
     return {
         ".".join(p.relative_to(ROOT).with_suffix("").parts): p
@@ -44,7 +44,7 @@ def _modules() -> dict[str, Path]:
     }
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+def project_imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules ``path`` imports anywhere in its body (``from a import b`` counts ``a.b`` when that is a
     module)."""
     names = set()
@@ -56,13 +56,13 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return {name for name in names if name in modules}
 
 
-def _closure(start: str, modules: dict[str, Path]) -> set[str]:
+def import_closure(start: str, modules: dict[str, Path]) -> set[str]:
     seen, todo = set(), [start]
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
-            todo += _imports(modules[name], modules) | SCRIPTS.get(name, set())
+            todo += project_imports(modules[name], modules) | SCRIPTS.get(name, set())
     return seen
 
 
@@ -93,19 +93,19 @@ def test_checkpoint_names_are_the_configs():
 
 
 def test_no_stage_flow_imports_another_stage_flow():
-    modules = _modules()
+    modules = project_modules()
     stage_flows = {f"flows.{name}" for name in _stages()}
     for name in sorted(stage_flows):
-        others = (_imports(modules[name], modules) & stage_flows) - {name}
+        others = (project_imports(modules[name], modules) & stage_flows) - {name}
         assert not others, f"{name} imports {sorted(others)}: read another stage's paths from flows.paths"
 
 
-def test_every_stage_deps_are_the_modules_its_flow_imports():
-    modules = _modules()
+def test_every_stage_deps_are_the_modules_its_flowproject_imports():
+    modules = project_modules()
     wrong = {}
     for stage, spec in _stages().items():
         deps = [str(d) for d in spec.get("deps", [])]
-        needed = sorted(str(modules[m].relative_to(ROOT)) for m in _closure(f"flows.{stage}", modules))
+        needed = sorted(str(modules[m].relative_to(ROOT)) for m in import_closure(f"flows.{stage}", modules))
         lacking = [path for path in needed if not any(_under(path, d) for d in deps)]
         extra = [d for d in deps if d.endswith(".py") and d.split("/")[0] in PROJECT and d not in needed]
         if lacking or extra:
@@ -113,22 +113,22 @@ def test_every_stage_deps_are_the_modules_its_flow_imports():
     assert not wrong, f"dvc.yaml deps differ from the modules each stage's flow imports: {wrong}"
 
 
-def test_the_closure_follows_function_local_imports(tmp_path, monkeypatch):
+def test_the_closure_follows_function_localproject_imports(tmp_path, monkeypatch):
     """The checker itself: a module reached only through an import inside a function is in the closure."""
     (tmp_path / "a.py").write_text("def f():\n    from b import g\n")
     (tmp_path / "b.py").write_text("import c\n")
     (tmp_path / "c.py").write_text("x = 1\n")
     modules = {name: tmp_path / f"{name}.py" for name in ("a", "b", "c")}
-    assert _closure("a", modules) == {"a", "b", "c"}
-    assert _closure("c", modules) == {"c"}
+    assert import_closure("a", modules) == {"a", "b", "c"}
+    assert import_closure("c", modules) == {"c"}
 
 
-def test_architecture_page_names_every_stage_and_only_modules_the_stage_imports():
+def test_architecture_page_names_every_stage_and_only_modules_the_stageproject_imports():
     """docs/ARCHITECTURE.md's stage table: one row per dvc.yaml stage, and every module a row names for the stage's
     work or learning code is in that stage's import closure (the map cannot point at code the stage does not run)."""
     import re
 
-    modules = _modules()
+    modules = project_modules()
     rows = {}
     for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines():
         m = re.match(r"\| `(\w+)`[^|]*\| flows/\w+\.py \| ([^|]*)\| ([^|]*)\|", line)
@@ -136,7 +136,7 @@ def test_architecture_page_names_every_stage_and_only_modules_the_stage_imports(
             rows[m.group(1)] = (m.group(2), m.group(3))
     assert set(rows) == set(_stages())
     for stage, (work, learning) in rows.items():
-        closure = _closure(f"flows.{stage}", modules)
+        closure = import_closure(f"flows.{stage}", modules)
         named = {f"tasks.{n}" for n in re.findall(r"(\w+)\.py", work)}
         named |= {f"models.{n}" for n in re.findall(r"(\w+)\.py", learning)}
         assert named, stage
