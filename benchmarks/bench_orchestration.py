@@ -52,7 +52,7 @@ from tasks.evaluate import (
     plot_passk, protocol_record, read_history, resolve_engine, select_problems,
 )
 from tasks.io import write_json, write_lines
-from tasks.measure import make_verifier
+from tasks.sandbox import make_verifier
 
 params = load_params("params.yaml")
 cfg = params.evaluate

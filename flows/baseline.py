@@ -8,23 +8,20 @@ from flows.paths import BASE_CHECKPOINT, BASELINE, BASELINE_METRICS, VALID_PROBL
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import read_problems, write_json
-from tasks.measure import make_sampler, make_verifier, measure_split, resolve_engine
+from tasks.measure import load_checkpoint, make_sampler, measure_split, resolve_engine
+from tasks.sandbox import make_verifier
 
 
 @flow(name="baseline")
 def run(params_path: str = "params.yaml") -> dict:
     """Measure the base checkpoint; writes data/baseline/metrics.json (DVC metrics) and per-problem results."""
-    import mlflow
-
-    from models.policy import load_policy
-
     params = load_params(params_path)
     cfg = params.baseline
     with tracking.stage_run("baseline", params.tracking, cfg, inputs=(str(VALID_PROBLEMS),)):
-        model, tokenizer = load_policy(BASE_CHECKPOINT, dtype=params.base_model.dtype)
+        model, tokenizer = load_checkpoint(BASE_CHECKPOINT, params.base_model.dtype)
         engine = resolve_engine(cfg.engine, cfg.precision, "baseline")
         sampler = make_sampler(BASE_CHECKPOINT, tokenizer, engine)
-        mlflow.set_tag("didpo.engine", "/".join(engine))
+        tracking.set_tags({"didpo.engine": "/".join(engine)})
         metrics = {}
         with make_verifier(params.verifier) as verifier:
             for split, limit in (("val", cfg.val_problems), ("humaneval", cfg.humaneval_problems)):

@@ -25,8 +25,8 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, read_problems, write_history, write_json
-from tasks.measure import make_verifier
 from tasks.rl import run_rl
+from tasks.sandbox import make_verifier
 
 HEADLINE_KEYS = (
     "algo",

@@ -23,17 +23,14 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check
+from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check, training_pairs
 from tasks.io import read_problems, write_history, write_json
-from tasks.measure import make_verifier
-from tasks.selfplay import read_pairs
+from tasks.sandbox import make_verifier
 
 
 @flow(name="dpo")
 def run(params_path: str = "params.yaml") -> dict:
     """Verify the reference, smoke-check SFT answers, train, smoke-check DPO answers; write metrics and history."""
-    from models.dpo import select_pairs, split_pairs
-
     params = load_params(params_path)
     cfg, dtype = params.dpo, params.base_model.dtype
     reference = SFT_CHECKPOINT / "merged"
@@ -45,9 +42,7 @@ def run(params_path: str = "params.yaml") -> dict:
         resume_dir=DPO_CHECKPOINT / "checkpoints",
     ):
         expected, origin = expected_reference_hash(SFT_METRICS, reference)
-        train, held_out = split_pairs(
-            select_pairs(read_pairs(SELFPLAY_PAIRS), cfg.max_pairs, cfg.seed), cfg.held_out_frac
-        )
+        train, held_out = training_pairs(SELFPLAY_PAIRS, cfg)
         problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
         with make_verifier(params.verifier) as verifier:
             before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)

@@ -59,8 +59,8 @@ from tasks.evaluate import (
     select_problems,
 )
 from tasks.io import write_json, write_lines
-from tasks.measure import make_verifier
 from tasks.registry import download_champion
+from tasks.sandbox import make_verifier
 
 
 def evaluate_headline(metrics: dict, deltas: dict) -> dict:
@@ -100,8 +100,6 @@ def selection_prefix(params) -> int:
 def run(params_path: str = "params.yaml") -> dict:
     """Measure every present checkpoint and the champion; writes data/evaluate/ (metrics, protocol, per-problem
     scores, report, plots, samples)."""
-    import mlflow
-
     params = load_params(params_path)
     cfg = params.evaluate
     checkpoints = {name: path for name, path in present_checkpoints().items() if name in cfg.checkpoints}
@@ -116,7 +114,7 @@ def run(params_path: str = "params.yaml") -> dict:
         champion_version = download_champion(params.register.model_name, Path(tmp) / "champion")
         if champion_version is not None:
             checkpoints["champion"] = Path(tmp) / "champion"
-        mlflow.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
+        tracking.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
         metrics, per_problem = {}, {}
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
@@ -145,7 +143,7 @@ def run(params_path: str = "params.yaml") -> dict:
             if path.is_file():
                 plot_history(read_history(path), f"{stage} training", EVAL_FIGURES / f"training_{stage}.png")
         tracking.mlflow_emit(flat_metrics(metrics), step=0)
-        mlflow.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
+        tracking.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
         tracking.log_artifacts(
             EVAL_METRICS,
             EVAL_DELTAS,

@@ -17,16 +17,19 @@ from tasks import tracking
 from tasks.config import load_params
 from tasks.gate import external_change, gate_verdict
 from tasks.io import read_problems, write_json
-from tasks.measure import greedy_results, make_sampler, make_verifier, measure_split, resolve_engine
+from tasks.measure import (
+    greedy_results,
+    load_checkpoint,
+    make_sampler,
+    measure_split,
+    resolve_engine,
+)
+from tasks.sandbox import make_verifier
 
 
 @flow(name="gate")
 def run(params_path: str = "params.yaml") -> dict:
     """Sample n answers per val problem with the SFT model, verify, decide; raises GateFailed below the threshold."""
-    import mlflow
-
-    from models.policy import load_policy
-
     params = load_params(params_path)
     cfg = params.gate
     merged = SFT_CHECKPOINT / "merged"
@@ -44,12 +47,12 @@ def run(params_path: str = "params.yaml") -> dict:
                 )
                 return [r.pass_at(1) for r in results]
 
-            base_model, base_tokenizer = load_policy(BASE_CHECKPOINT, dtype=params.base_model.dtype)
+            base_model, base_tokenizer = load_checkpoint(BASE_CHECKPOINT, params.base_model.dtype)
             base_passes = external_passes(
                 "base", base_model, base_tokenizer, make_sampler(BASE_CHECKPOINT, base_tokenizer, engine)
             )
             del base_model
-            model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
+            model, tokenizer = load_checkpoint(merged, params.base_model.dtype)
             sampler = make_sampler(merged, tokenizer, engine)
             sft_passes = external_passes("sft", model, tokenizer, sampler)
             metrics = measure_split(
@@ -64,6 +67,6 @@ def run(params_path: str = "params.yaml") -> dict:
         flat = {f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
         flat |= {f"gate/external/{k}": v for k, v in metrics.get("external", {}).items() if isinstance(v, int | float)}
         tracking.mlflow_emit(flat, step=0)
-        mlflow.set_tag("gate", "passed" if verdict.passed else "failed")
+        tracking.set_tags({"gate": "passed" if verdict.passed else "failed"})
         verdict.raise_if_failed()
     return metrics

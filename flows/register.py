@@ -39,8 +39,6 @@ HEADLINE_KEYS = (
 @flow(name="register")
 def run(params_path: str = "params.yaml") -> dict:
     """Choose the candidate, register it, decide champion/challenger, record the decision."""
-    import mlflow
-
     params = load_params(params_path)
     cfg = params.register
     evaluated = json.loads(EVAL_METRICS.read_text())
@@ -63,7 +61,7 @@ def run(params_path: str = "params.yaml") -> dict:
         decision = result.as_dict()
         write_json(decision, REGISTER_DECISION)
         write_json(headline(decision, HEADLINE_KEYS), REGISTER_HEADLINE)
-        mlflow.set_tags(
+        tracking.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",
                 "didpo.model_version": str(result.version),

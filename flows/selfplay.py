@@ -21,29 +21,26 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import read_problems, write_json
-from tasks.measure import make_verifier
-from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
+from tasks.measure import load_checkpoint
+from tasks.sandbox import make_verifier
+from tasks.selfplay import generate_selfplay_pairs, merge_sources, read_pairs, write_pairs
 
 
 @flow(name="selfplay")
 def run(params_path: str = "params.yaml") -> dict:
     """Sample, verify, pair, merge; writes the pairs and data/selfplay/metrics.json (counts per source)."""
-    from models.policy import load_policy
-    from models.selfplay import merge_pairs
-
     params = load_params(params_path)
     cfg = params.selfplay
     merged = SFT_CHECKPOINT / "merged"
     inputs = (str(VALID_PROBLEMS), str(merged), str(MINED_PAIRS))
     with tracking.stage_run("selfplay", params.tracking, cfg, inputs=inputs):
-        model, tokenizer = load_policy(merged, dtype=params.base_model.dtype)
+        model, tokenizer = load_checkpoint(merged, params.base_model.dtype)
         problems = read_problems(VALID_PROBLEMS, "train", cfg.n_prompts)
         with make_verifier(params.verifier) as verifier:
             selfplay, stats = generate_selfplay_pairs(model, tokenizer, problems, cfg, verifier)
         mined = read_pairs(MINED_PAIRS) if cfg.include_mined else []
         human = read_pairs(VALID_PAIRS) if cfg.include_human else []
-        human += [p for p in mined if p.get("source") == "human"]  # the mine stage may carry human pairs along
-        pairs = merge_pairs(human, [p for p in mined if p.get("source") != "human"], selfplay)
+        pairs = merge_sources(selfplay, mined, human)
         counts = Counter(p["source"] for p in pairs)
         metrics = {
             **stats,

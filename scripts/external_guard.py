@@ -42,8 +42,9 @@ def main() -> None:
     from tasks.evaluate import protocol_problems
     from tasks.gate import external_change
     from tasks.io import read_problems
-    from tasks.measure import make_sampler, make_verifier, resolve_engine, write_results
+    from tasks.measure import make_sampler, resolve_engine, write_results
     from tasks.prepare import humaneval_problems
+    from tasks.sandbox import make_verifier
 
     root = Path(args.root)
     params = load_params(args.params)

@@ -171,7 +171,7 @@ class SimulateConfig:
 @dataclass(frozen=True)
 class VerifierSection:
     """``verifier``: sandbox limits shared by gate, self-play, rewards and evaluation (consumer:
-    `tasks.measure.make_verifier`).
+    `tasks.sandbox.make_verifier`).
 
     timeout_s: wall-clock seconds per program (> 0). cpu_s: RLIMIT_CPU seconds (≥ 1). memory_mb: address-space cap
     (MiB, ≥ 64). workers: programs in flight at once (0 = number of CPU cores).

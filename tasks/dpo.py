@@ -13,6 +13,15 @@ from models.config import DPOConfig
 from tasks.tracking import mlflow_emit
 
 
+def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)``: at most ``cfg.max_pairs`` pairs of the selfplay stage's file (`models.dpo.select_pairs`,
+    seeded by ``cfg.seed``), ``cfg.held_out_frac`` of them held out for the held-out loss (`models.dpo.split_pairs`)."""
+    from models.dpo import select_pairs, split_pairs
+    from tasks.selfplay import read_pairs
+
+    return split_pairs(select_pairs(read_pairs(pairs_path), cfg.max_pairs, cfg.seed), cfg.held_out_frac)
+
+
 def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:
     """The hash the reference must have: ``merged_sha256`` from the sft stage's metrics, or, when the sft stage did not
     record one, the hash of `merged` computed now.

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.config import SimulateConfig, VerifierSection
 from tasks.io import atomic_write_lines, read_problems
-from tasks.measure import make_verifier
+from tasks.sandbox import make_verifier
 
 
 @task(cache_policy=NO_CACHE)

@@ -1,4 +1,4 @@
-"""Measuring a checkpoint on problems: the sandbox verifier, the generation engine, pass@k of a split, greedy
+"""Measuring a checkpoint on problems: loading it, the generation engine, pass@k of a split, greedy
 results (the gate, baseline, selfplay, DPO, RL and evaluate stages share these)."""
 
 from __future__ import annotations
@@ -9,24 +9,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import BaselineConfig, GateConfig, VerifierSection
+from tasks.config import BaselineConfig, GateConfig
 from tasks.io import atomic_write_lines
-
-
-def make_verifier(cfg: VerifierSection):
-    """A :class:`models.verifier.Verifier` configured from params.yaml's ``verifier`` section (a context manager)."""
-    import os
-
-    from models.verifier import Verifier, VerifierConfig
-
-    return Verifier(
-        VerifierConfig(
-            timeout_s=cfg.timeout_s,
-            cpu_s=cfg.cpu_s,
-            memory_mb=cfg.memory_mb,
-            workers=cfg.workers or os.cpu_count() or 1,
-        )
-    )
 
 
 @task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -51,6 +35,14 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
         logging.getLogger(__name__).warning("%s: the torch sampler is used: %s", stage, reason)
         return "torch", "f32"
     return engine, precision
+
+
+def load_checkpoint(checkpoint: Path, dtype: str):
+    """``(model, tokenizer)`` of a checkpoint folder in eval mode, for the stages that sample from it
+    (`models.policy.load_policy`; ``dtype`` is params.yaml's ``base_model.dtype``)."""
+    from models.policy import load_policy
+
+    return load_policy(checkpoint, dtype=dtype)
 
 
 def make_sampler(checkpoint: Path, tokenizer, engine: tuple[str, str]):

@@ -28,6 +28,16 @@ def write_pairs(pairs: list[dict], path: Path) -> None:
 
 
 @task(cache_policy=NO_CACHE)
+def merge_sources(selfplay: list[dict], mined: list[dict], human: list[dict]) -> list[dict]:
+    """The DPO training pairs of the three sources (`models.selfplay.merge_pairs`: human first, then mined, then
+    self-play); pairs of ``mined`` tagged ``source: human`` (the mine stage may carry human pairs along) count as
+    human."""
+    from models.selfplay import merge_pairs
+
+    human = human + [p for p in mined if p.get("source") == "human"]
+    return merge_pairs(human, [p for p in mined if p.get("source") != "human"], selfplay)
+
+
 def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: SelfplayConfig, verifier) -> tuple[list, dict]:
     """K sampled answers per problem, verified in the sandbox, turned into pairs by `models.selfplay.selfplay_pairs`.
 

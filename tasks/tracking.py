@@ -215,6 +215,20 @@ def mlflow_emit(metrics: dict[str, float], step: int) -> None:
     mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items()}, step=step)
 
 
+def set_tags(tags: dict[str, str]) -> None:
+    """Tag the current stage run (MLflow tag values are strings)."""
+    import mlflow
+
+    mlflow.set_tags({key: str(value) for key, value in tags.items()})
+
+
+def log_table(data: dict[str, list], artifact_file: str) -> None:
+    """Log a table (column → values) as a JSON artifact of the current stage run (MLflow's table view reads it)."""
+    import mlflow
+
+    mlflow.log_table(data, artifact_file=artifact_file)
+
+
 def log_artifacts(*paths: str | Path, artifact_path: str | None = None) -> None:
     """Log report files (or folders) of the current stage run as artifacts; missing paths are skipped."""
     import mlflow

@@ -60,7 +60,7 @@ from tasks.config import ValidateConfig
 from tasks.generate import normalise_text as normalise_prompt  # the leakage key, one definition
 from tasks.io import atomic_write_lines
 from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
-from tasks.measure import make_verifier
+from tasks.sandbox import make_verifier
 from tasks.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 
 if TYPE_CHECKING:
