@@ -120,6 +120,8 @@ def build_project(root: Path, problems: int, max_new_tokens: int) -> None:
         recovery_samples=2,
         engine="torch",
     )
+    for section in ("gate", "dpo", "baseline"):  # their val problems are kept out of the protocol: leave it some
+        params[section]["val_problems"] = 1
     params["verifier"]["workers"] = 2
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -182,12 +184,15 @@ def main() -> None:
     first = outputs["direct"][0]
     same = all(out == first for side in outputs.values() for out in side)
     metrics = first[0]
+    val_counts = [metrics[n]["val"].get("n_problems", 0) for n in sorted(metrics)]
+    same = same and all(val_counts)  # a protocol without val problems would time less than the stage's work
     check_same_work(
         same,
         f"metrics.json (without timings) and per_problem.json equal in all {2 * args.repeats} runs; checkpoints "
-        f"{sorted(metrics)}, val pass@1 {[metrics[n]['val'].get('pass@1') for n in sorted(metrics)]}"
+        f"{sorted(metrics)}, val problems {val_counts}, "
+        f"val pass@1 {[metrics[n]['val'].get('pass@1') for n in sorted(metrics)]}"
         if same
-        else "the stage and the direct call measured different metrics",
+        else f"the stage and the direct call measured different metrics, or no val problems ({val_counts})",
     )
     stage_s = spread("stage", seconds["stage"], "s")
     direct_s = spread("direct", seconds["direct"], "s")

@@ -27,7 +27,6 @@ def write_pairs(pairs: list[dict], path: Path) -> None:
     atomic_write_lines(path, (json.dumps(p, ensure_ascii=False) for p in pairs))
 
 
-@task(cache_policy=NO_CACHE)
 def merge_sources(selfplay: list[dict], mined: list[dict], human: list[dict]) -> list[dict]:
     """The DPO training pairs of the three sources (`models.selfplay.merge_pairs`: human first, then mined, then
     self-play); pairs of ``mined`` tagged ``source: human`` (the mine stage may carry human pairs along) count as
@@ -38,6 +37,7 @@ def merge_sources(selfplay: list[dict], mined: list[dict], human: list[dict]) ->
     return merge_pairs(human, [p for p in mined if p.get("source") != "human"], selfplay)
 
 
+@task(cache_policy=NO_CACHE)
 def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: SelfplayConfig, verifier) -> tuple[list, dict]:
     """K sampled answers per problem, verified in the sandbox, turned into pairs by `models.selfplay.selfplay_pairs`.
 

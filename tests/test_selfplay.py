@@ -80,3 +80,24 @@ def test_merge_tags_sources_and_drops_duplicates():
     merged = merge_pairs(human, mined, selfplay)
     assert [(m["prompt"], m["source"]) for m in merged] == [("p", "human"), ("q", "mined"), ("r", "selfplay")]
     assert merged[0]["annotator"] == "h1" and merged[1]["origin"] == "logs" and "origin" not in merged[2]
+
+
+def test_merge_sources_counts_human_pairs_the_mine_stage_carried_as_human():
+    from tasks.selfplay import merge_sources
+
+    def pair(prompt, source=None):
+        row = {"prompt": prompt, "chosen": "good", "rejected": "bad"}
+        return row if source is None else {**row, "source": source}
+
+    mined = [pair("m1", "logs"), pair("carried", "human"), pair("dup", "logs")]
+    human = [pair("h1"), pair("dup")]
+    selfplay = [pair("s1"), pair("m1")]  # s1 new; m1 a duplicate of a mined pair
+    merged = merge_sources(selfplay, mined, human)
+    assert [(p["prompt"], p["source"]) for p in merged] == [
+        ("h1", "human"),
+        ("dup", "human"),  # human wins over the mined duplicate
+        ("carried", "human"),
+        ("m1", "mined"),
+        ("s1", "selfplay"),
+    ]
+    assert merged[3]["origin"] == "logs"
