@@ -5,7 +5,7 @@
 Each benchmark runs as its own process, one at a time (two heavy jobs on 2 cores slow each other far more than 2×),
 with its output streamed to the terminal and kept in docs/results/bench_logs/<name>.txt. The table gets, per
 benchmark: the command, its ``CHECK same_work=…`` line (what both sides were checked to compute alike), its last
-``RESULT …`` line and the wall time; the header gives the machine (CPU model, cores, torch's CPU capability), the
+``RESULT …`` line, the wall time and the commit it ran on; the header gives the machine (CPU model, cores, torch's CPU capability), the
 date and the commit. A benchmark that exits non-zero (a failed same-work check included) is recorded as failed, and
 the runner exits 1 after the others have run. With ``--only`` the other rows of an existing file are kept.
 
@@ -40,7 +40,7 @@ BENCHMARKS = {
     "bench_sft_recipe": [],
     "bench_orchestration": [],
 }
-HEADER = "| benchmark | command | same work | result | wall |\n|---|---|---|---|---|\n"
+HEADER = "| benchmark | command | same work | result | wall | commit, start |\n|---|---|---|---|---|---|\n"
 
 
 def machine() -> str:
@@ -65,11 +65,12 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, torch CPU capability {capability or '?'}, {platform.system()}"
 
 
-def run(name: str, args: list[str], logs: Path) -> dict:
+def run(name: str, args: list[str], logs: Path, commit: str) -> dict:
     """Run one benchmark, tee its output to ``logs/<name>.txt``; returns its row's fields."""
     command = [sys.executable, f"benchmarks/{name}.py", *args]
     shown = " ".join([".venv/bin/python", f"benchmarks/{name}.py", *args])
     print(f"== {shown}", flush=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     started = time.perf_counter()
     lines = []
     with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -88,11 +89,14 @@ def run(name: str, args: list[str], logs: Path) -> dict:
         "result": result or "no RESULT line",
         "seconds": seconds,
         "ok": proc.returncode == 0,
+        "commit": f"{commit}, {stamp}",
     }
 
 
 def row(name: str, r: dict) -> str:
-    return f"| {name} | `{r['command']}` | {r['check']} | {r['result']} | {r['seconds'] / 60:.1f} min |\n"
+    return (
+        f"| {name} | `{r['command']}` | {r['check']} | {r['result']} | {r['seconds'] / 60:.1f} min | {r['commit']} |\n"
+    )
 
 
 def main() -> None:
@@ -114,16 +118,17 @@ def main() -> None:
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    commit = commit.stdout.strip() + (" (uncommitted changes)" if dirty else "")
     head = (
         "# Benchmarks (written by `make bench`, `benchmarks/run_all.py`)\n\n"
-        f"Machine: {machine()}. Run started {stamp} ({', '.join(names)}), commit {commit.stdout.strip()}"
-        f"{' with uncommitted changes' if dirty else ''}. Each benchmark's full output: `bench_logs/<name>.txt`.\n"
+        f"Machine: {machine()}. Last run started {stamp} ({', '.join(names)}), commit {commit}; each row names the "
+        "commit and start of its own run. Each benchmark's full output: `bench_logs/<name>.txt`.\n"
         "Every ratio is ours / the peer's on the same work (the CHECK column says what was compared); the figure is "
         "the median of alternating repeats unless the RESULT line says otherwise.\n\n"
     )
     results = {}
     for name in names:  # the file is rewritten after each benchmark, so a stop loses only the one running
-        results[name] = run(name, BENCHMARKS[name], logs)
+        results[name] = run(name, BENCHMARKS[name], logs, commit)
         kept[name] = row(name, results[name])
         args.out.write_text(head + HEADER + "".join(kept[n] for n in BENCHMARKS if n in kept))
     print(f"wrote {args.out}")
