@@ -5,9 +5,10 @@
 Each benchmark runs as its own process, one at a time (two heavy jobs on 2 cores slow each other far more than 2×),
 with its output streamed to the terminal and kept in docs/results/bench_logs/<name>.txt. The table gets, per
 benchmark: the command, its ``CHECK same_work=…`` line (what both sides were checked to compute alike), its last
-``RESULT …`` line, the wall time and the commit it ran on; the header gives the machine (CPU model, cores, torch's CPU capability), the
-date and the commit. A benchmark that exits non-zero (a failed same-work check included) is recorded as failed, and
-the runner exits 1 after the others have run. With ``--only`` the other rows of an existing file are kept.
+``RESULT …`` line, the wall time and the commit it ran on; the header gives the machine (CPU model, cores, torch's
+CPU capability), the date and the commit of the last run. A benchmark that exits non-zero (a failed same-work check
+included) is recorded as failed, and the runner exits 1 after the others have run. With ``--only`` the other rows
+of an existing file are kept.
 
 Needs the converted base model and the prepared problems for the real-model benchmarks (``dvc repro base_model
 prepare``; ``make bench`` does it) and the OpenVINO export environment for bench_generation (``make export-env``).
