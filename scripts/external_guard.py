@@ -39,7 +39,7 @@ def main() -> None:
     from models.evaluation import sample_and_verify
     from models.policy import load_policy
     from tasks.config import load_params
-    from tasks.evaluate import protocol_problems
+    from tasks.evaluate import protocol_problems, split_sampling
     from tasks.gate import external_change
     from tasks.io import read_problems
     from tasks.measure import make_sampler, resolve_engine, write_results
@@ -72,7 +72,9 @@ def main() -> None:
             model, tokenizer = load_policy(path, dtype=params.base_model.dtype)
             sampler = make_sampler(path, tokenizer, engine)
             for split, problems in splits.items():
-                results = sample_and_verify(model, tokenizer, problems, cfg.sampling(split), verifier, sampler=sampler)
+                results = sample_and_verify(
+                    model, tokenizer, problems, split_sampling(cfg, split), verifier, sampler=sampler
+                )
                 write_results(
                     results,
                     Path(args.out).with_suffix("") / f"{name}{'' if split == 'humaneval' else '_' + split}.jsonl",
@@ -84,7 +86,8 @@ def main() -> None:
     report = {
         "problems": {split: len(problems) for split, problems in splits.items()},
         "sampling": {
-            split: {"n": cfg.sampling(split).n, "temperature": cfg.sampling(split).temperature} for split in splits
+            split: {"n": split_sampling(cfg, split).n, "temperature": split_sampling(cfg, split).temperature}
+            for split in splits
         },
         "engine": "/".join(engine),
         "max_new_tokens": cfg.max_new_tokens,
