@@ -6,7 +6,7 @@ own first rule alone, on the default simulator and on raters the miner does not 
 
 Data: the ``train`` split of the bundled generated problems (``tasks.generate``, params.yaml defaults), the
 simulator (:func:`tasks.simulate_logs.simulate_logs`) with the sandboxed verifier
-(:class:`models.verifier.Verifier`) deciding correctness, and :func:`tasks.mine.mine_pairs` with the default
+(:class:`sandbox.verifier.Verifier`) deciding correctness, and :func:`tasks.mine.mine_pairs` with the default
 :class:`MineConfig`.
 
 **What this does and does not show.** The default simulator's raters behave as the miner assumes (a rater either
@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--verifier-workers", type=int, default=0, help="sandbox workers (0: one per CPU core)")
     args = parser.parse_args()
 
-    from models.verifier import Verifier, VerifierConfig
+    from sandbox.verifier import Verifier, VerifierConfig
     from tasks.config import MineConfig, PrepareConfig
     from tasks.generate import assign_splits, generate_problems
     from tasks.mine import mine_pairs

@@ -13,7 +13,7 @@ Same work on both sides, one process, CPU, float32:
   ``generation_kwargs={"min_new_tokens": ...}``, eos masked out; ours: `full_budget_rollouts`, no stop token): with
   stopping at eos, each side's random model drew eos at its own random times, and the recorded token totals
   differed by 5.04% (ours 7,293 vs TRL's 7,680) with no way to tell work from luck;
-- the same reward: the fraction of unit tests passed, from the same sandboxed verifier (`models.verifier`);
+- the same reward: the fraction of unit tests passed, from the same sandboxed verifier (`sandbox.verifier`);
 - the same update: group-normalised advantages (std + 1e-4), clipped surrogate ε = 0.2 with per-sequence
   aggregation (TRL ``loss_type="grpo"``), no KL term (β = 0, no reference forward), one optimizer step per
   iteration over the whole batch (TRL: batch = prompts × group size, gradient accumulation 1, one iteration per
@@ -383,7 +383,7 @@ def main() -> None:
     from models.policy import configure_threads
     from models.prompts import user_message
     from models.sampling import build_chat_prompt
-    from models.verifier import Verifier, VerifierConfig
+    from sandbox.verifier import Verifier, VerifierConfig
 
     threads = configure_threads(args.threads)
     problems = make_problems(args.problems)

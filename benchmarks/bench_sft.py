@@ -281,7 +281,7 @@ def our_config(args):
 def our_stream(n_examples: int, cfg) -> list[int]:
     """The example indices `train_sft` (or `train_dpo`: the same `DataOrder`) draws, in order, for all its steps
     (one process, no gradient accumulation, no CHES filter)."""
-    from models.sft import DataOrder
+    from models.training import DataOrder
 
     return DataOrder(n_examples, cfg.seed).take(cfg.batch_size * cfg.max_steps)
 

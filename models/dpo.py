@@ -18,11 +18,11 @@ The loop, top to bottom (`train_dpo`):
    accumulated batch, so accumulation equals one big batch;
 5. AdamW, gradient clipping, cosine schedule with linear warm-up, at most `MAX_EPOCHS` passes over the pairs;
 6. the held-out loss every ``eval_every`` steps, early stopping on it, the weights with the lowest held-out loss
-   restored at the end (`_BestEval`). The reference itself (step 0, before any update: ln 2 for sigmoid, the loss
-   type's own value for the others, SimPO and ORPO included) is a candidate, so when no update beats it the exported
-   weights are the reference's (``DPOResult.kept_reference``). Issue 17: selecting on held-out reward accuracy, which
-   is 0 at step 0 because every pair ties, let any update win; the recorded run kept a checkpoint whose held-out loss
-   was worse than the reference's (0.693 → 0.726);
+   restored at the end (`models.training.EarlyStopping`). The reference itself (step 0, before any update: ln 2 for
+   sigmoid, the loss type's own value for the others, SimPO and ORPO included) is a candidate, so when no update beats
+   it the exported weights are the reference's (``DPOResult.kept_reference``). Issue 17: selecting on held-out reward
+   accuracy, which is 0 at step 0 because every pair ties, let any update win; the recorded run kept a checkpoint
+   whose held-out loss was worse than the reference's (0.693 → 0.726);
 7. the likelihood-displacement monitor (Razin et al. 2024, "Unintentional Unalignment: Likelihood Displacement in
    Direct Preference Optimization"): at each evaluation the mean held-out chosen log-prob is compared with its value
    before training; when it has fallen by more than ``displacement_threshold`` nats while the margin grew, the run
@@ -52,7 +52,18 @@ from typing import TYPE_CHECKING
 
 from models.checkpoint import checkpoint_hash
 from models.config import MAX_EPOCHS, DPOConfig
-from models.sft import IGNORE_INDEX, DataOrder, build_sft_examples, collate
+from models.sft import IGNORE_INDEX, build_sft_examples, collate
+from models.training import (
+    DataOrder,
+    EarlyStopping,
+    adamw,
+    autocast_factory,
+    cosine_schedule,
+    export,
+    open_checkpoints,
+    restore_loop_state,
+    save_loop_state,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -550,36 +561,6 @@ def displaced(start: dict[str, float], now: dict[str, float], threshold: float) 
     return threshold > 0 and drop > threshold and grew
 
 
-class _BestEval:
-    """Best-checkpoint selection and early stopping on the held-out loss, lower is better; a tie keeps the earlier
-    step. `train_dpo` enters the reference's loss at step 0 first, so an update must beat doing nothing to be kept
-    (issue 17: held-out reward accuracy, 0 at step 0 since every pair ties, let a worse update win)."""
-
-    def __init__(self, patience: int):
-        self.patience = patience
-        self.best_loss: float | None = None
-        self.best_step: int | None = None
-        self.bad_evals = 0
-
-    def update(self, loss: float, step: int) -> bool:
-        """Record an evaluation; True when it is the new best."""
-        if self.best_loss is None or loss < self.best_loss:
-            self.best_loss, self.best_step, self.bad_evals = loss, step, 0
-            return True
-        self.bad_evals += 1
-        return False
-
-    @property
-    def should_stop(self) -> bool:
-        return self.patience > 0 and self.bad_evals >= self.patience
-
-    def state_dict(self) -> dict:
-        return {"best_loss": self.best_loss, "best_step": self.best_step, "bad_evals": self.bad_evals}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.best_loss, self.best_step, self.bad_evals = state["best_loss"], state["best_step"], state["bad_evals"]
-
-
 def _selection(best_step: int | None, start_eval: dict, best_eval: dict, history: list[dict]) -> str:
     """`DPOResult.selection`: why `best_step` is the exported one."""
     if best_step is None:
@@ -654,25 +635,12 @@ def train_dpo(
     """
     import torch
     from tqdm.auto import tqdm
-    from transformers import get_cosine_schedule_with_warmup
 
-    from models.checkpoint import (
-        CheckpointMismatchError,
-        capture_rng_state,
-        latest_checkpoint,
-        list_checkpoints,
-        load_checkpoint,
-        load_trainable_state_dict,
-        restore_rng_state,
-        save_checkpoint,
-        set_seed,
-        trainable_state_dict,
-    )
+    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.sampling import pad_token_id
-    from models.sft import _autocast_factory, _export, _optimizer
 
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"
@@ -684,7 +652,7 @@ def train_dpo(
     evaluate = bool(evals) and cfg.eval_every > 0
     dp = data_parallel(resolve_device(cfg.device))
     device = dp.device
-    autocast = _autocast_factory(cfg.mixed_precision, device)
+    autocast = autocast_factory(cfg.mixed_precision, device)
     fingerprint = _fingerprint(cfg, all_train, evals, reference_sha256)
 
     set_seed(cfg.seed)
@@ -693,14 +661,9 @@ def train_dpo(
     model.train()
     logits_mask = _supports_logits_mask(model)
 
-    latest = latest_checkpoint(ckpt_root) if resume else None
-    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
-    ckpt = load_checkpoint(latest) if latest is not None else None
-    if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
-        raise CheckpointMismatchError(
-            f"{latest} was written by a run with another dpo config, other pairs or another reference; delete "
-            f"{ckpt_root} (or pass resume=False) to start over"
-        )
+    ckpt, superseded = open_checkpoints(
+        ckpt_root, resume, fingerprint, "another dpo config, other pairs or another reference"
+    )
     if ckpt is not None:  # the cached reference log-probs and the CHES selection travel with the checkpoint
         ref = ckpt.tensors["reference"]
         keep = ckpt.state["kept_pairs"]
@@ -722,23 +685,19 @@ def train_dpo(
     per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     cap = math.ceil(MAX_EPOCHS * len(train) / per_step)
     total_steps = min(cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step), cap)
-    optimizer, params = _optimizer(model, cfg)
+    optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
     dp.broadcast_parameters(params)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
-    stopper = _BestEval(cfg.early_stopping_patience)
+    generators = {"data": order.generator}
+    stopper = EarlyStopping(cfg.early_stopping_patience)
     step, stopped_early, history, best_weights = 0, False, [], None
     start_eval: dict[str, float] = {}
     best_eval: dict[str, float] = {}
     displacement_step: int | None = None
 
     if ckpt is not None:
-        load_trainable_state_dict(model, ckpt.tensors["trainable"])
-        optimizer.load_state_dict(ckpt.objects["optimizer"])
-        scheduler.load_state_dict(ckpt.objects["scheduler"])
-        order.load_state_dict(ckpt.state["data_order"])
-        stopper.load_state_dict(ckpt.state["early_stopping"])
-        restore_rng_state(ckpt.objects["rng"], {"data": order.generator})
+        restore_loop_state(ckpt, model, optimizer, order, generators, scheduler, stopper)
         step, stopped_early, history = ckpt.step, ckpt.state["stopped_early"], ckpt.state["history"]
         start_eval, best_eval = ckpt.state["start_eval"], ckpt.state["best_eval"]
         displacement_step = ckpt.state["displacement_step"]
@@ -758,32 +717,30 @@ def train_dpo(
     def write_checkpoint() -> None:
         if not dp.is_main:
             return
-        tensors = {"trainable": trainable_state_dict(model), "reference": ref}
+        tensors = {"reference": ref}
         if best_weights is not None:
             tensors["best"] = best_weights
-        save_checkpoint(
+        save_loop_state(
             ckpt_root,
             step,
+            model,
+            optimizer,
+            order,
+            generators,
+            fingerprint,
+            superseded,
+            scheduler,
+            stopper,
             tensors=tensors,
-            objects={
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": capture_rng_state({"data": order.generator}),
-            },
             state={
-                "fingerprint": fingerprint,
                 "kept_pairs": keep,
-                "data_order": order.state_dict(),
-                "early_stopping": stopper.state_dict(),
                 "stopped_early": stopped_early,
                 "start_eval": start_eval,
                 "best_eval": best_eval,
                 "displacement_step": displacement_step,
                 "history": history,
             },
-            supersedes=superseded,
         )
-        superseded.clear()
 
     if evaluate and step == 0:
         # Before any update the policy is the reference (LoRA's B is 0): the cached log-probs are its log-probs.
@@ -859,7 +816,7 @@ def train_dpo(
     trainable, _ = count_parameters(model)
     adapter_path, merged_path = out_dir / "adapter", out_dir / "merged"
     if dp.is_main:
-        adapter_path, merged_path = _export(model, tokenizer, out_dir, lora=True)
+        adapter_path, merged_path = export(model, tokenizer, out_dir, lora=True)
     dp.barrier()  # every rank returns once the exports exist
     return DPOResult(
         global_step=step,

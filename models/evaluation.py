@@ -72,7 +72,7 @@ def sample_and_verify(
 
     Args:
         problems: rows in the problem schema (data/README.md).
-        verifier: a ``models.verifier.Verifier`` (its ``check_many`` runs the programs in parallel).
+        verifier: a ``sandbox.verifier.Verifier`` (its ``check_many`` runs the programs in parallel).
         sampler: an engine with ``sample(prompts, sampling)`` returning what `models.sampling.sample` returns (e.g.
             `models.openvino_engine.OpenVINOSampler` of the same checkpoint); None: the torch sampler on ``model``.
     Returns:

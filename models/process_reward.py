@@ -53,7 +53,7 @@ _STYLE_IGNORE = ("E3", "E9", "W391", "W292")
 MAX_LINE_LENGTH = 120
 # Python tokens that carry no code content for the similarity (layout and comments).
 _LAYOUT_TOKENS = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.COMMENT}
-NO_CODE = "no_code"  # the verifier's reason for an answer without code of its own (`models.verifier.has_no_code`)
+NO_CODE = "no_code"  # the verifier's reason for an answer without code of its own (`sandbox.verifier.has_no_code`)
 
 
 @dataclass(frozen=True)

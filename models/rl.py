@@ -26,7 +26,7 @@ Baselines in the same loop, with the same sampler, verifier, prompt pool, optimi
 One step of `train_rl`, top to bottom (before the first: the screen, `screen_prompt_pool`):
 
 1. prompts: the next ``prompts_per_step`` problems of the pool, in a seeded, checkpointed order
-   (`models.sft.DataOrder`);
+   (`models.training.DataOrder`);
 2. rollouts: ``group_size`` samples per prompt with `models.sampling.sample`, seeded from (seed, step, draw) so
    every step draws new samples; the sampler records the old per-token log-probs at the sampling temperature;
 3. verification: `models.evaluation.assemble_program` + the verifier → the outcome R_i; didpo: Φ of every prefix,
@@ -190,7 +190,7 @@ def collect_rollouts(
 
     Args:
         problems: the step's problems (one group each).
-        verifier: an object with ``check_many(jobs) -> verdicts`` (`models.verifier.Verifier`); each job is
+        verifier: an object with ``check_many(jobs) -> verdicts`` (`sandbox.verifier.Verifier`); each job is
             ``(program, test, entry_point)``, each verdict has ``n_passed``, ``n_tests`` and ``reason``.
         seed: the sampler's base seed (`sampling_seed`).
         draw: recorded in each rollout.
@@ -990,7 +990,7 @@ def train_rl(
         problems: train-split problem rows (data/README.md schema: task_id, prompt, entry_point, test, ...); with a
             screen (``cfg.screen_samples`` > 0) the pool is chosen among them.
         cfg: the configuration.
-        verifier: ``check_many(jobs) -> verdicts`` (`models.verifier.Verifier`).
+        verifier: ``check_many(jobs) -> verdicts`` (`sandbox.verifier.Verifier`).
         out_dir: receives ``checkpoints/`` (the last exact-resume checkpoint), ``pool.json`` (the screen),
             ``adapter/`` (LoRA) and ``merged/``.
         emit: metrics callback ``emit(metrics, step)``, keys under ``didpo/`` for every algorithm; an exception
@@ -1013,25 +1013,20 @@ def train_rl(
     from tqdm.auto import tqdm
 
     from models.advantages import RunningMeanStd
-    from models.checkpoint import (
-        CheckpointMismatchError,
-        capture_rng_state,
-        latest_checkpoint,
-        list_checkpoints,
-        load_checkpoint,
-        load_trainable_state_dict,
-        restore_rng_state,
-        save_checkpoint,
-        set_seed,
-        trainable_state_dict,
-        weights_digest,
-    )
+    from models.checkpoint import set_seed, weights_digest
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.rl_losses import kl_k3, masked_mean
     from models.sampling import pad_token_id
-    from models.sft import DataOrder, _autocast_factory, _export
+    from models.training import (
+        DataOrder,
+        autocast_factory,
+        export,
+        open_checkpoints,
+        restore_loop_state,
+        save_loop_state,
+    )
     from models.value_head import ValueHead
 
     if not problems:
@@ -1049,7 +1044,7 @@ def train_rl(
     check_rollout_fits(model, tokenizer, problems, cfg, device)
     if dp.world_size > 1:
         verifier = _ShardedVerifier(verifier, dp)
-    autocast = _autocast_factory(cfg.mixed_precision, device)
+    autocast = autocast_factory(cfg.mixed_precision, device)
 
     initial_weights = weights_digest(model)  # before LoRA: the starting policy itself
     set_seed(cfg.seed)
@@ -1084,14 +1079,9 @@ def train_rl(
             return contextlib.nullcontext(start_copy)
         return _adapters_disabled(model)
 
-    latest = latest_checkpoint(ckpt_root) if resume else None
-    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
-    ckpt = load_checkpoint(latest) if latest is not None else None
-    if ckpt is not None and ckpt.state["fingerprint"] != fingerprint:
-        raise CheckpointMismatchError(
-            f"{latest} was written by a run with another didpo config, other problems or another starting "
-            f"policy; delete {ckpt_root} (or pass resume=False) to start over"
-        )
+    ckpt, superseded = open_checkpoints(
+        ckpt_root, resume, fingerprint, "another didpo config, other problems or another starting policy"
+    )
     # ---- the prompt pool: screened once by the start policy, then carried by every checkpoint
     pool = None
     if ckpt is not None and ckpt.state.get("pool") is not None:
@@ -1111,40 +1101,39 @@ def train_rl(
     generators = {"data": order.generator, "minibatch": minibatch_generator}
 
     if ckpt is not None:
-        load_trainable_state_dict(model, ckpt.tensors["trainable"])
+        restore_loop_state(ckpt, model, optimizer, order, generators)
         if value_head is not None:
             value_head.load_state_dict(ckpt.tensors["value_head"])
-        optimizer.load_state_dict(ckpt.objects["optimizer"])
-        order.load_state_dict(ckpt.state["data_order"])
         if normaliser is not None:
             normaliser.load_state_dict(ckpt.state["reward_normaliser"])
-        restore_rng_state(ckpt.objects["rng"], generators)
         step, history = ckpt.step, ckpt.state["history"]
     rollout_log = _RolloutLog(rollouts_path, step, set_aside=bool(superseded)) if dp.is_main else None
 
     def write_checkpoint() -> None:
         if not dp.is_main:
             return
-        tensors = {"trainable": trainable_state_dict(model)}
+        tensors = {}
         if value_head is not None:
             tensors["value_head"] = {k: v.detach().clone() for k, v in value_head.state_dict().items()}
-        save_checkpoint(
+        replaced_previous_run = bool(superseded)
+        save_loop_state(
             ckpt_root,
             step,
+            model,
+            optimizer,
+            order,
+            generators,
+            fingerprint,
+            superseded,
             tensors=tensors,
-            objects={"optimizer": optimizer.state_dict(), "rng": capture_rng_state(generators)},
             state={
-                "fingerprint": fingerprint,
                 "pool": pool.state_dict() if pool is not None else None,
-                "data_order": order.state_dict(),
                 "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
                 "history": history,
             },
-            supersedes=superseded,
         )
-        if superseded and rollout_log is not None:
+        if replaced_previous_run and rollout_log is not None:
             rollout_log.drop_previous()
-        superseded.clear()
 
     # Data parallel: every process samples the whole step (same weights, same seeds: the same rollouts), the
     # verifier splits the programs between the processes and shares the verdicts, so rewards and advantages
@@ -1253,7 +1242,7 @@ def train_rl(
     trainable, _ = count_parameters(model)
     adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
     if dp.is_main:
-        adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+        adapter_path, merged_path = export(model, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
     return RLResult(
         global_step=step,

@@ -35,7 +35,6 @@ import math
 import re
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 from models.config import SFTConfig
 from models.prompts import fenced, reference_code, user_message
+from models.training import (
+    DataOrder,
+    EarlyStopping,
+    adamw,
+    autocast_factory,
+    cosine_schedule,
+    export,
+    open_checkpoints,
+    restore_loop_state,
+    save_loop_state,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -320,80 +330,6 @@ def evaluate_loss(
 # ------------------------------------------------------------------------------------------- training loop
 
 
-class DataOrder:
-    """An endless, seeded stream of example indices: a fresh permutation (``torch.randperm`` from its own
-    generator) for every epoch, so batches may span an epoch boundary. Its position is checkpointed."""
-
-    def __init__(self, n: int, seed: int):
-        import torch
-
-        if n < 1:
-            raise ValueError("no training examples")
-        self.n = n
-        self.generator = torch.Generator().manual_seed(seed)
-        self.epoch = 0
-        self.cursor = 0
-        self.order = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        import torch
-
-        return torch.randperm(self.n, generator=self.generator).tolist()
-
-    def take(self, k: int) -> list[int]:
-        """The next `k` indices."""
-        out = []
-        while len(out) < k:
-            if self.cursor == self.n:
-                self.order, self.cursor, self.epoch = self._permutation(), 0, self.epoch + 1
-            out.append(self.order[self.cursor])
-            self.cursor += 1
-        return out
-
-    @property
-    def epochs_done(self) -> float:
-        """Epochs consumed, fractional."""
-        return self.epoch + self.cursor / self.n
-
-    def state_dict(self) -> dict:
-        """Position in the stream (JSON); the generator state is checkpointed with the other RNGs."""
-        return {"n": self.n, "epoch": self.epoch, "cursor": self.cursor, "order": self.order}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["n"] != self.n:
-            raise ValueError(f"data order was saved for {state['n']} examples, not {self.n}")
-        self.epoch, self.cursor, self.order = state["epoch"], state["cursor"], list(state["order"])
-
-
-class EarlyStopping:
-    """Tracks the best held-out loss; `should_stop` after `patience` evaluations in a row without a strictly
-    lower loss (patience 0 never stops)."""
-
-    def __init__(self, patience: int):
-        self.patience = patience
-        self.best: float | None = None
-        self.best_step: int | None = None
-        self.bad_evals = 0
-
-    def update(self, loss: float, step: int) -> bool:
-        """Record an evaluation; True when it is a new best."""
-        if self.best is None or loss < self.best:
-            self.best, self.best_step, self.bad_evals = loss, step, 0
-            return True
-        self.bad_evals += 1
-        return False
-
-    @property
-    def should_stop(self) -> bool:
-        return self.patience > 0 and self.bad_evals >= self.patience
-
-    def state_dict(self) -> dict:
-        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.best, self.best_step, self.bad_evals = state["best"], state["best_step"], state["bad_evals"]
-
-
 def _fingerprint(cfg: SFTConfig, train: Sequence[dict], evals: Sequence[dict]) -> str:
     """Hash of the config and the tokenised data: a checkpoint only resumes the run that wrote it."""
     payload = json.dumps(
@@ -404,43 +340,6 @@ def _fingerprint(cfg: SFTConfig, train: Sequence[dict], evals: Sequence[dict]) -
         ]
     )
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _autocast_factory(mixed_precision: str, device: str):
-    """A bf16 autocast context factory, or None (train in the weights' dtype).
-
-    ``auto``: bf16 on CUDA devices that support it, none elsewhere. ``bf16``: on any device; on a CPU without native
-    bf16 arithmetic (AVX512-BF16 or AMX, ``torch.cpu._is_avx512_bf16_supported``) it warns, since oneDNN then emulates
-    bf16: measured on an AMD EPYC (Zen 3, AVX2), one SmolLM2-135M SFT step did not finish in 330 s against 27 s in
-    fp32 (``benchmarks/bench_sft_recipe.py --bf16``, docs/results/bench_sft_recipe_bf16.txt). ``no``: none.
-    """
-    import torch
-
-    kind = device.split(":")[0]
-    if mixed_precision == "auto":
-        use = kind == "cuda" and torch.cuda.is_bf16_supported()
-    else:
-        use = mixed_precision == "bf16"
-    if use and kind == "cpu" and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
-        warnings.warn(
-            "mixed_precision=bf16 on a CPU without AVX512-BF16 or AMX: bf16 is emulated and a step is many times "
-            "slower than float32 (measured > 10x on an AVX2 CPU); use mixed_precision: auto or no here",
-            stacklevel=2,
-        )
-    return (lambda: torch.autocast(kind, dtype=torch.bfloat16)) if use else None
-
-
-def _optimizer(model, cfg: SFTConfig):
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate), params
 
 
 def train_sft(
@@ -482,20 +381,8 @@ def train_sft(
     """
     import torch
     from tqdm.auto import tqdm
-    from transformers import get_cosine_schedule_with_warmup
 
-    from models.checkpoint import (
-        CheckpointMismatchError,
-        capture_rng_state,
-        latest_checkpoint,
-        list_checkpoints,
-        load_checkpoint,
-        load_trainable_state_dict,
-        restore_rng_state,
-        save_checkpoint,
-        set_seed,
-        trainable_state_dict,
-    )
+    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters, targeted_module_names
     from models.policy import resolve_device
@@ -512,7 +399,7 @@ def train_sft(
     per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step)
     device = dp.device
-    autocast = _autocast_factory(cfg.mixed_precision, device)
+    autocast = autocast_factory(cfg.mixed_precision, device)
 
     set_seed(cfg.seed)
     if cfg.lora:
@@ -521,34 +408,23 @@ def train_sft(
         )
     model.to(device)
     model.train()
-    optimizer, params = _optimizer(model, cfg)
+    optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
     dp.broadcast_parameters(params)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
+    generators = {"data": order.generator}
     stopper = EarlyStopping(cfg.early_stopping_patience)
     logits_mask = _supports_logits_mask(model)
     fingerprint = _fingerprint(cfg, train, evals)
     step, stopped_early, history, best_weights = 0, False, [], None
 
-    latest = latest_checkpoint(ckpt_root) if resume else None
-    superseded = [] if resume else list_checkpoints(ckpt_root)  # deleted by this run's first save, not before
-    if latest is not None:
-        ckpt = load_checkpoint(latest)
-        if ckpt.state["fingerprint"] != fingerprint:
-            raise CheckpointMismatchError(
-                f"{latest} was written by a run with another sft config or other data; delete "
-                f"{ckpt_root} (or pass resume=False) to start over"
-            )
-        load_trainable_state_dict(model, ckpt.tensors["trainable"])
-        optimizer.load_state_dict(ckpt.objects["optimizer"])
-        scheduler.load_state_dict(ckpt.objects["scheduler"])
-        order.load_state_dict(ckpt.state["data_order"])
-        stopper.load_state_dict(ckpt.state["early_stopping"])
-        restore_rng_state(ckpt.objects["rng"], {"data": order.generator})
+    ckpt, superseded = open_checkpoints(ckpt_root, resume, fingerprint, "another sft config or other data")
+    if ckpt is not None:
+        restore_loop_state(ckpt, model, optimizer, order, generators, scheduler, stopper)
         step, stopped_early, history = ckpt.step, ckpt.state["stopped_early"], ckpt.state["history"]
         best_weights = ckpt.tensors.get("best")
         if dp.is_main:
-            tqdm.write(f"sft: resumed from {latest} (step {step} of {total_steps})")
+            tqdm.write(f"sft: resumed from {ckpt.path} (step {step} of {total_steps})")
 
     def record(metrics: dict, at: int) -> None:
         history.append({"step": at, **metrics})
@@ -556,30 +432,21 @@ def train_sft(
             emit(metrics, at)
 
     def write_checkpoint() -> None:
-        if not dp.is_main:
-            return
-        tensors = {"trainable": trainable_state_dict(model)}
-        if best_weights is not None:
-            tensors["best"] = best_weights
-        save_checkpoint(
-            ckpt_root,
-            step,
-            tensors=tensors,
-            objects={
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": capture_rng_state({"data": order.generator}),
-            },
-            state={
-                "fingerprint": fingerprint,
-                "data_order": order.state_dict(),
-                "early_stopping": stopper.state_dict(),
-                "stopped_early": stopped_early,
-                "history": history,
-            },
-            supersedes=superseded,
-        )
-        superseded.clear()
+        if dp.is_main:
+            save_loop_state(
+                ckpt_root,
+                step,
+                model,
+                optimizer,
+                order,
+                generators,
+                fingerprint,
+                superseded,
+                scheduler,
+                stopper,
+                tensors={"best": best_weights} if best_weights is not None else None,
+                state={"stopped_early": stopped_early, "history": history},
+            )
 
     bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0, disable=not dp.is_main)  # also in logs
     while step < total_steps and not stopped_early:
@@ -640,7 +507,7 @@ def train_sft(
     target_modules = targeted_module_names(model) if cfg.lora else []
     adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
     if dp.is_main:
-        adapter_path, merged_path = _export(model, tokenizer, out_dir, cfg.lora)
+        adapter_path, merged_path = export(model, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
     return SFTResult(
         global_step=step,
@@ -655,21 +522,3 @@ def train_sft(
         trainable_params=trainable,
         target_modules=target_modules,
     )
-
-
-def _export(model, tokenizer, out_dir: Path, lora: bool) -> tuple[Path | None, Path]:
-    """Write ``adapter/`` (LoRA) and ``merged/`` (weights + tokenizer), each atomically."""
-    from models.checkpoint import atomic_directory
-
-    adapter_path = None
-    if lora:
-        adapter_path = out_dir / "adapter"
-        with atomic_directory(adapter_path) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        model = model.merge_and_unload()
-    merged_path = out_dir / "merged"
-    with atomic_directory(merged_path) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return adapter_path, merged_path

@@ -8,8 +8,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.checkpoint import CheckpointMismatchError
 from models.config import DPOConfig
+from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
 
@@ -118,10 +118,7 @@ def run_dpo(
             reference_sha256=expected_sha256,
         )
 
-    try:
-        result = attempt(resume=True)
-    except CheckpointMismatchError:
-        result = attempt(resume=False)
+    result = resume_or_start_over(attempt)
     metrics = {
         "global_step": result.global_step,
         "best_step": result.best_step,

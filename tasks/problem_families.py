@@ -8,6 +8,10 @@ axis plus one noun; :func:`catalogue` enumerates a family's variants in a fixed 
 builds the reference solution (one ``# Step k`` per step), the docstring text and the test inputs.
 :mod:`tasks.generate` runs the reference on the inputs to get the expected outputs and renders the problem dicts.
 
+Layout: the data types, the helpers and the nouns several families share come first; then one section per family
+holding its constants, its builder, the nouns only it uses and its `Family` entry; `FAMILIES` lists the entries in
+the catalogue's order at the end.
+
 Everything here is deterministic data: no sets are iterated and no ``hash()`` is used, so the rendering is the same
 in every process (``PYTHONHASHSEED`` varies). Source: the project seed's ``clean_string_list`` example
 ("strip strings and drop empty ones"), generalised to 20 families.
@@ -198,6 +202,13 @@ def _tuple_note(returns: str) -> str:
     return " Return a tuple, not a list." if returns == "tuple" else ""
 
 
+def _axis(name: str, *pairs: tuple[str, str], minor: bool = False) -> Axis:
+    return Axis(name, tuple(v for v, _ in pairs), tuple(f for _, f in pairs), minor)
+
+
+_RETURNS = _axis("returns", ("list", ""), ("tuple", "as_tuple"), minor=True)
+
+
 SEQ = "Optional[Sequence[Any]]"
 
 # ------------------------------------------------------------------------------------------------------- nouns
@@ -221,35 +232,6 @@ TEXT_NOUNS = (
     Noun("genres", "genre", ("jazz", "Hip Hop", "rock", "Classical", "drum and bass")),
 )
 
-RANGE_NOUNS = (
-    Noun("percentages", "percentage", (12.4, 101, -3, 55.7, 100), {"lo": 0, "hi": 100}),
-    Noun("ratings", "rating", (4, 0, 5.6, 3.2, 7), {"lo": 1, "hi": 5}),
-    Noun("temperatures", "temperature", (21.6, -45, 55.2, 0, 49.9), {"lo": -30, "hi": 50}),
-    Noun("ages", "age", (34, -1, 130, 72.3, 0), {"lo": 0, "hi": 120}),
-    Noun("scores", "score", (7.8, 11, -2, 10, 4), {"lo": 0, "hi": 10}),
-    Noun("volumes", "volume", (3, 12.2, -0.4, 11, 6.6), {"lo": 0, "hi": 11}),
-    Noun("brightness levels", "brightness level", (128, 300, -20, 254.7, 0), {"lo": 0, "hi": 255}),
-    Noun("latitudes", "latitude", (45.3, -91, 90, 12.8, 95), {"lo": -90, "hi": 90}),
-    Noun("speeds", "speed", (88.8, 320, -5, 120, 299.6), {"lo": 0, "hi": 300}),
-    Noun("tire pressures", "tire pressure", (32.4, 18, 51.3, 35, 44), {"lo": 20, "hi": 50}),
-)
-
-PAIR_NOUNS = (
-    Noun("settings", "setting", (("host", "localhost"), ("port", "8080"), ("debug", "true"), ("mode", "fast"))),
-    Noun("query parameters", "query parameter", (("page", "2"), ("sort", "name"), ("q", "shoes"), ("limit", "50"))),
-    Noun(
-        "headers",
-        "header",
-        (("Accept", "text/html"), ("Host", "example.org"), ("Connection", "close"), ("Cache-Control", "no-cache")),
-    ),
-    Noun(
-        "environment variables",
-        "environment variable",
-        (("HOME", "/root"), ("LANG", "en_US"), ("DEBUG", "1"), ("PATH", "/usr/bin")),
-    ),
-    Noun("cookies", "cookie", (("session", "abc123"), ("theme", "dark"), ("lang", "en"), ("seen", "yes"))),
-    Noun("options", "option", (("color", "blue"), ("size", "XL"), ("gift", "no"), ("qty", "3"))),
-)
 
 DICT_NOUNS = (
     Noun(
@@ -318,18 +300,6 @@ DICT_NOUNS = (
     ),
 )
 
-COUNT_NOUNS = (
-    Noun("word counts", "word count", ("the", "data", "code", "model")),
-    Noun("inventories", "inventory", ("apples", "pears", "plums", "figs")),
-    Noun("vote tallies", "vote tally", ("alice", "bob", "carol", "dan")),
-    Noun("page views", "page view count", ("/home", "/about", "/blog", "/shop")),
-    Noun("sales", "sales count", ("mugs", "shirts", "hats", "pins")),
-    Noun("click counts", "click count", ("buy", "share", "like", "save")),
-    Noun("downloads", "download count", ("numpy", "pandas", "flask", "requests")),
-    Noun("team points", "team points", ("red team", "blue team", "green team", "gold team")),
-    Noun("visits", "visit count", ("france", "japan", "peru", "kenya")),
-    Noun("stock levels", "stock level", ("bolts", "nuts", "screws", "washers")),
-)
 
 PARTICLES = ("van", "von", "de", "der", "da", "di", "du", "del", "la", "le")
 
@@ -487,82 +457,6 @@ RECORD_NOUNS = (
     ),
 )
 
-INT_NOUNS = (
-    Noun("quantities", "quantity", ("3", "12", "7")),
-    Noun("years", "year", ("1999", "2024", "1969")),
-    Noun("page numbers", "page number", ("1", "42", "7")),
-    Noun("ports", "port", ("80", "443", "8080")),
-    Noun("ranks", "rank", ("1", "2", "10")),
-    Noun("floors", "floor", ("3", "0", "12")),
-    Noun("seat numbers", "seat number", ("14", "2", "33")),
-    Noun("item ids", "item id", ("1001", "42", "7")),
-    Noun("retry counts", "retry count", ("5", "0", "19")),
-    Noun("durations in minutes", "duration in minutes", ("30", "90", "5")),
-)
-
-TRUNCATE_NOUNS = (
-    Noun(
-        "titles",
-        "title",
-        ("Short Title", "A Tale of Two Cities in Winter", "Supercalifragilisticexpialidocious"),
-        {"limit": 20},
-    ),
-    Noun(
-        "tweets",
-        "tweet",
-        ("Just shipped!", "Shipping the new release today, thanks to everyone who helped", "x" * 45),
-        {"limit": 40},
-    ),
-    Noun("usernames", "username", ("ana", "john jacob jingleheimer", "the_real_slim_shady"), {"limit": 12}),
-    Noun(
-        "headlines",
-        "headline",
-        ("Rain expected", "Local team wins the championship after a dramatic final", "Breaking" * 5),
-        {"limit": 30},
-    ),
-    Noun("captions", "caption", ("Sunset", "Sunset over the harbour with friends", "Panorama" * 4), {"limit": 25}),
-    Noun(
-        "previews",
-        "preview",
-        ("Meeting moved", "Hi team, the meeting has been moved to Thursday afternoon, see you there", "z" * 60),
-        {"limit": 50},
-    ),
-    Noun(
-        "subjects",
-        "subject",
-        ("Invoice", "Re: your invoice for March and the updated payment terms", "Reminder" * 6),
-        {"limit": 35},
-    ),
-    Noun("labels", "label", ("todo", "needs design review", "internationalization"), {"limit": 10}),
-    Noun("slugs", "slug", ("hello", "how to bake bread at home", "averyveryverylongslug"), {"limit": 16}),
-    Noun(
-        "descriptions",
-        "description",
-        ("Red mug", "A sturdy ceramic mug with a red glaze, dishwasher safe and made to last", "Mug" * 25),
-        {"limit": 60},
-    ),
-)
-
-FLAG_NOUNS = (
-    Noun("flags", "flag", ("true", " False ", "yes", "maybe", "OFF")),
-    Noun("answers", "answer", ("Yes", "no ", "TRUE", "dunno", " n")),
-    Noun("toggles", "toggle", ("on", "Off", "true", "toggle", " 1 ")),
-    Noun("responses", "response", ("Y", "nope", "false", " yes", "0")),
-    Noun("checkbox values", "checkbox value", ("checked", "true", " FALSE", "on", "n")),
-    Noun("opt-ins", "opt-in", ("yes", "No", "maybe later", "TRUE", "off")),
-    Noun("switches", "switch", ("ON", "off ", "1", "enabled", "False")),
-    Noun("consents", "consent", ("I agree", "yes", "no", "True", " 0 ")),
-)
-
-ID_NOUNS = (
-    Noun("card numbers", "card number", ("4111 1111 1111 1234", "5500-0000-0000-0004"), {"keep": 4}),
-    Noun("phone numbers", "phone number", ("+1 555-010-9999", "(020) 7946 0018"), {"keep": 2}),
-    Noun("account ids", "account id", ("ACC-009-871", "acc 12 34 56"), {"keep": 3}),
-    Noun("ibans", "iban", ("DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"), {"keep": 4}),
-    Noun("license plates", "license plate", ("AB-123-CD", "7ABC 123"), {"keep": 2}),
-    Noun("api keys", "api key", ("sk_live_51Hx9", "pk-test-00aa"), {"keep": 4}),
-)
-
 
 def _lo_hi(samples: tuple[str, ...]) -> tuple[str, str]:
     """The largest and smallest sample: [largest, smallest] is out of order for any sort."""
@@ -631,6 +525,20 @@ def _build_strip_drop_empty(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         (".strip()", "is None", extra),
         f"a list (or tuple) of {noun.plural}",
     )
+
+
+STRIP_DROP_EMPTY = Family(
+    "strip_drop_empty",
+    (
+        _axis("non_str", ("skip", ""), ("str", "stringified")),
+        _axis("case", ("keep", ""), ("lower", "lowercased")),
+        _axis("order", ("input", ""), ("sorted", "sorted")),
+        _RETURNS,
+    ),
+    ("clean", "tidy", "sanitize"),
+    TEXT_NOUNS[:10],
+    _build_strip_drop_empty,
+)
 
 
 # ------------------------------------------------------------------------------------- family: dedupe in order
@@ -715,6 +623,20 @@ def _build_dedupe_keep_order(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+DEDUPE_KEEP_ORDER = Family(
+    "dedupe_keep_order",
+    (
+        _axis("keep", ("first", ""), ("last", "keep_last")),
+        _axis("none", ("skip", ""), ("keep", "keep_none")),
+        _axis("strip", ("exact", ""), ("strip", "stripped")),
+        _RETURNS,
+    ),
+    ("dedupe", "unique", "distinct"),
+    TEXT_NOUNS[3:13],
+    _build_dedupe_keep_order,
+)
+
+
 # ------------------------------------------------------------------------------------ family: whitespace runs
 
 _JOINERS = {
@@ -789,6 +711,19 @@ def _build_normalise_whitespace(name: str, noun: Noun, o: dict[str, str]) -> Spe
         )
         params, returns, desc = ((arg, SEQ),), "List[str]", f"a list (or tuple) of {noun.plural}"
     return Spec(name, params, returns, summary, rules, steps, cases, (".split()", f'"{joiner}".join('), desc)
+
+
+NORMALISE_WHITESPACE = Family(
+    "normalise_whitespace",
+    (
+        _axis("joiner", ("space", ""), ("underscore", "underscored"), ("hyphen", "hyphenated")),
+        _axis("case", ("keep", ""), ("lower", "lowercased")),
+        _axis("input", ("one", ""), ("many", "each")),
+    ),
+    ("squash_spaces_in", "normalize_spacing_of", "collapse_whitespace_in"),
+    TEXT_NOUNS[4:16],
+    _build_normalise_whitespace,
+)
 
 
 # -------------------------------------------------------------------------------------- family: parse k=v text
@@ -873,6 +808,44 @@ def _build_parse_key_value(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+PAIR_NOUNS = (
+    Noun("settings", "setting", (("host", "localhost"), ("port", "8080"), ("debug", "true"), ("mode", "fast"))),
+    Noun("query parameters", "query parameter", (("page", "2"), ("sort", "name"), ("q", "shoes"), ("limit", "50"))),
+    Noun(
+        "headers",
+        "header",
+        (("Accept", "text/html"), ("Host", "example.org"), ("Connection", "close"), ("Cache-Control", "no-cache")),
+    ),
+    Noun(
+        "environment variables",
+        "environment variable",
+        (("HOME", "/root"), ("LANG", "en_US"), ("DEBUG", "1"), ("PATH", "/usr/bin")),
+    ),
+    Noun("cookies", "cookie", (("session", "abc123"), ("theme", "dark"), ("lang", "en"), ("seen", "yes"))),
+    Noun("options", "option", (("color", "blue"), ("size", "XL"), ("gift", "no"), ("qty", "3"))),
+)
+
+
+PARSE_KEY_VALUE = Family(
+    "parse_key_value",
+    (
+        _axis(
+            "pair_sep",
+            ("semicolon", ""),
+            ("comma", "comma_separated"),
+            ("ampersand", "ampersand_separated"),
+            ("newline", "per_line"),
+        ),
+        _axis("kv_sep", ("equals", ""), ("colon", "colon")),
+        _axis("dup", ("last", ""), ("first", "first_wins")),
+        _axis("key_case", ("keep", ""), ("lower", "lower_keys")),
+    ),
+    ("parse", "read", "decode"),
+    PAIR_NOUNS,
+    _build_parse_key_value,
+)
+
+
 # ---------------------------------------------------------------------------------------- family: clamp ranges
 
 
@@ -944,6 +917,34 @@ def _build_clamp_numbers(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         ("isinstance(", "min(max(" if clamp else "<=", "round(" if rounding else "not isinstance(value, bool)"),
         f"a list (or tuple) of {noun.plural}",
     )
+
+
+RANGE_NOUNS = (
+    Noun("percentages", "percentage", (12.4, 101, -3, 55.7, 100), {"lo": 0, "hi": 100}),
+    Noun("ratings", "rating", (4, 0, 5.6, 3.2, 7), {"lo": 1, "hi": 5}),
+    Noun("temperatures", "temperature", (21.6, -45, 55.2, 0, 49.9), {"lo": -30, "hi": 50}),
+    Noun("ages", "age", (34, -1, 130, 72.3, 0), {"lo": 0, "hi": 120}),
+    Noun("scores", "score", (7.8, 11, -2, 10, 4), {"lo": 0, "hi": 10}),
+    Noun("volumes", "volume", (3, 12.2, -0.4, 11, 6.6), {"lo": 0, "hi": 11}),
+    Noun("brightness levels", "brightness level", (128, 300, -20, 254.7, 0), {"lo": 0, "hi": 255}),
+    Noun("latitudes", "latitude", (45.3, -91, 90, 12.8, 95), {"lo": -90, "hi": 90}),
+    Noun("speeds", "speed", (88.8, 320, -5, 120, 299.6), {"lo": 0, "hi": 300}),
+    Noun("tire pressures", "tire pressure", (32.4, 18, 51.3, 35, 44), {"lo": 20, "hi": 50}),
+)
+
+
+CLAMP_NUMBERS = Family(
+    "clamp_numbers",
+    (
+        _axis("mode", ("clamp", ""), ("drop", "drop_outliers")),
+        _axis("none", ("skip", ""), ("low", "none_as_min")),
+        _axis("rounding", ("keep", ""), ("round", "rounded")),
+        _RETURNS,
+    ),
+    ("fit", "bound", "limit"),
+    RANGE_NOUNS,
+    _build_clamp_numbers,
+)
 
 
 # ------------------------------------------------------------------------------------- family: drop missing values
@@ -1046,6 +1047,26 @@ def _build_drop_missing_values(name: str, noun: Noun, o: dict[str, str]) -> Spec
     )
 
 
+DROP_MISSING_VALUES = Family(
+    "drop_missing_values",
+    (
+        _axis(
+            "missing",
+            ("none", ""),
+            ("empty", "or_empty"),
+            ("blank", "or_blank"),
+            ("container", "or_empty_containers"),
+        ),
+        _axis("strip", ("keep", ""), ("strip", "stripped")),
+        _axis("nested", ("flat", ""), ("nested", "deep")),
+    ),
+    ("drop_missing_in", "prune", "compact"),
+    DICT_NOUNS,
+    _build_drop_missing_values,
+    singular=True,
+)
+
+
 # ---------------------------------------------------------------------------------------- family: merge counts
 
 
@@ -1145,6 +1166,34 @@ def _build_merge_counts(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+COUNT_NOUNS = (
+    Noun("word counts", "word count", ("the", "data", "code", "model")),
+    Noun("inventories", "inventory", ("apples", "pears", "plums", "figs")),
+    Noun("vote tallies", "vote tally", ("alice", "bob", "carol", "dan")),
+    Noun("page views", "page view count", ("/home", "/about", "/blog", "/shop")),
+    Noun("sales", "sales count", ("mugs", "shirts", "hats", "pins")),
+    Noun("click counts", "click count", ("buy", "share", "like", "save")),
+    Noun("downloads", "download count", ("numpy", "pandas", "flask", "requests")),
+    Noun("team points", "team points", ("red team", "blue team", "green team", "gold team")),
+    Noun("visits", "visit count", ("france", "japan", "peru", "kenya")),
+    Noun("stock levels", "stock level", ("bolts", "nuts", "screws", "washers")),
+)
+
+
+MERGE_COUNTS = Family(
+    "merge_counts",
+    (
+        _axis("inputs", ("two", "pair"), ("many", "all")),
+        _axis("keys", ("exact", ""), ("normalised", "normalized_keys")),
+        _axis("zero", ("keep", ""), ("drop", "nonzero")),
+        _axis("output", ("dict", ""), ("pairs", "ranked")),
+    ),
+    ("merge", "combine", "sum"),
+    COUNT_NOUNS,
+    _build_merge_counts,
+)
+
+
 # ------------------------------------------------------------------------------------------- family: flatten
 
 
@@ -1240,6 +1289,20 @@ def _build_flatten_nested(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         ("isinstance(", "walk(" if deep else ".extend(", "is not None" if drop_none else ".append("),
         f"a nested list of {noun.plural}",
     )
+
+
+FLATTEN_NESTED = Family(
+    "flatten_nested",
+    (
+        _axis("depth", ("all", ""), ("one", "one_level")),
+        _axis("tuples", ("flatten", ""), ("atom", "keep_tuples")),
+        _axis("none", ("drop", ""), ("keep", "keep_none")),
+        _RETURNS,
+    ),
+    ("flatten", "unnest", "spread"),
+    TEXT_NOUNS[6:16],
+    _build_flatten_nested,
+)
 
 
 # ------------------------------------------------------------------------------------ family: validate e-mails
@@ -1339,6 +1402,20 @@ def _build_validate_emails(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+VALIDATE_EMAILS = Family(
+    "validate_emails",
+    (
+        _axis("want", ("valid", ""), ("invalid", "invalid")),
+        _axis("normalise", ("keep", ""), ("lower", "lowercased")),
+        _axis("dedupe", ("all", ""), ("unique", "unique")),
+        _axis("domain", ("any", ""), ("restricted", "own_domain")),
+    ),
+    ("filter_emails_of", "check_emails_of", "screen_emails_of"),
+    PEOPLE_NOUNS,
+    _build_validate_emails,
+)
+
+
 # ----------------------------------------------------------------------------------------- family: parse ints
 
 
@@ -1424,6 +1501,33 @@ def _build_parse_ints(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+INT_NOUNS = (
+    Noun("quantities", "quantity", ("3", "12", "7")),
+    Noun("years", "year", ("1999", "2024", "1969")),
+    Noun("page numbers", "page number", ("1", "42", "7")),
+    Noun("ports", "port", ("80", "443", "8080")),
+    Noun("ranks", "rank", ("1", "2", "10")),
+    Noun("floors", "floor", ("3", "0", "12")),
+    Noun("seat numbers", "seat number", ("14", "2", "33")),
+    Noun("item ids", "item id", ("1001", "42", "7")),
+    Noun("retry counts", "retry count", ("5", "0", "19")),
+    Noun("durations in minutes", "duration in minutes", ("30", "90", "5")),
+)
+
+
+PARSE_INTS = Family(
+    "parse_ints",
+    (
+        _axis("invalid", ("skip", ""), ("none", "none_for_invalid"), ("zero", "zero_for_invalid")),
+        _axis("negatives", ("allow", ""), ("reject", "non_negative")),
+        _axis("floats", ("reject", ""), ("whole", "whole_floats")),
+    ),
+    ("parse", "to_int", "coerce"),
+    INT_NOUNS,
+    _build_parse_ints,
+)
+
+
 # ------------------------------------------------------------------------------------ family: title-case names
 
 
@@ -1506,6 +1610,20 @@ def _build_title_case_names(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+TITLE_CASE_NAMES = Family(
+    "title_case_names",
+    (
+        _axis("particles", ("all", ""), ("lower", "keep_particles")),
+        _axis("hyphen", ("each", ""), ("first", "plain_hyphens")),
+        _axis("blanks", ("drop", ""), ("keep", "keep_blank")),
+        _RETURNS,
+    ),
+    ("title_case", "capitalize", "format"),
+    PEOPLE_NOUNS,
+    _build_title_case_names,
+)
+
+
 # ---------------------------------------------------------------------------------------- family: group records
 
 
@@ -1571,6 +1689,19 @@ def _build_group_records(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         (".setdefault(", f'.get("{gf}")', "isinstance(row, dict)"),
         f"a list of {noun.singular} records (dicts)",
     )
+
+
+GROUP_RECORDS = Family(
+    "group_records",
+    (
+        _axis("value", ("record", ""), ("field", "ids_only")),
+        _axis("missing", ("skip", ""), ("none", "none_key"), ("other", "unknown_key")),
+        _axis("keys", ("exact", ""), ("lower", "lower_keys")),
+    ),
+    ("group", "bucket", "index"),
+    RECORD_NOUNS,
+    _build_group_records,
+)
 
 
 # ------------------------------------------------------------------------------- family: dedupe ignoring case
@@ -1652,6 +1783,20 @@ def _build_unique_case_insensitive(name: str, noun: Noun, o: dict[str, str]) -> 
         (".lower()", "not in seen", "sort(" if sort else "isinstance("),
         f"a list (or tuple) of {noun.plural}",
     )
+
+
+UNIQUE_CASE_INSENSITIVE = Family(
+    "unique_case_insensitive",
+    (
+        _axis("form", ("first", ""), ("lower", "lowercased")),
+        _axis("strip", ("strip", ""), ("raw", "unstripped")),
+        _axis("order", ("input", ""), ("sorted", "sorted")),
+        _RETURNS,
+    ),
+    ("dedupe_case_insensitive", "unique_ignoring_case", "distinct_any_case"),
+    TEXT_NOUNS[1:11],
+    _build_unique_case_insensitive,
+)
 
 
 # ------------------------------------------------------------------------------------------- family: truncate
@@ -1754,6 +1899,63 @@ def _build_truncate_text(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+TRUNCATE_NOUNS = (
+    Noun(
+        "titles",
+        "title",
+        ("Short Title", "A Tale of Two Cities in Winter", "Supercalifragilisticexpialidocious"),
+        {"limit": 20},
+    ),
+    Noun(
+        "tweets",
+        "tweet",
+        ("Just shipped!", "Shipping the new release today, thanks to everyone who helped", "x" * 45),
+        {"limit": 40},
+    ),
+    Noun("usernames", "username", ("ana", "john jacob jingleheimer", "the_real_slim_shady"), {"limit": 12}),
+    Noun(
+        "headlines",
+        "headline",
+        ("Rain expected", "Local team wins the championship after a dramatic final", "Breaking" * 5),
+        {"limit": 30},
+    ),
+    Noun("captions", "caption", ("Sunset", "Sunset over the harbour with friends", "Panorama" * 4), {"limit": 25}),
+    Noun(
+        "previews",
+        "preview",
+        ("Meeting moved", "Hi team, the meeting has been moved to Thursday afternoon, see you there", "z" * 60),
+        {"limit": 50},
+    ),
+    Noun(
+        "subjects",
+        "subject",
+        ("Invoice", "Re: your invoice for March and the updated payment terms", "Reminder" * 6),
+        {"limit": 35},
+    ),
+    Noun("labels", "label", ("todo", "needs design review", "internationalization"), {"limit": 10}),
+    Noun("slugs", "slug", ("hello", "how to bake bread at home", "averyveryverylongslug"), {"limit": 16}),
+    Noun(
+        "descriptions",
+        "description",
+        ("Red mug", "A sturdy ceramic mug with a red glaze, dishwasher safe and made to last", "Mug" * 25),
+        {"limit": 60},
+    ),
+)
+
+
+TRUNCATE_TEXT = Family(
+    "truncate_text",
+    (
+        _axis("marker", ("dots", ""), ("ellipsis", "ellipsis_char"), ("none", "no_marker")),
+        _axis("cut", ("hard", ""), ("word", "at_word")),
+        _axis("input", ("one", ""), ("many", "each")),
+    ),
+    ("truncate", "shorten", "clip"),
+    TRUNCATE_NOUNS,
+    _build_truncate_text,
+)
+
+
 # ------------------------------------------------------------------------------------- family: filter records
 
 _OPS = {"ge": (">=", "at least"), "gt": (">", "greater than"), "le": ("<=", "at most"), "lt": ("<", "less than")}
@@ -1830,6 +2032,19 @@ def _build_filter_records(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         (f'.get("{num}")', "isinstance(value, bool)", f"value {op} {thr}"),
         f"a list of {noun.singular} records (dicts)",
     )
+
+
+FILTER_RECORDS = Family(
+    "filter_records",
+    (
+        _axis("op", ("ge", ""), ("gt", "strictly_above"), ("le", "at_most"), ("lt", "strictly_below")),
+        _axis("missing", ("drop", ""), ("keep", "keep_unknown")),
+        _axis("output", ("records", ""), ("ids", "ids")),
+    ),
+    ("filter", "select", "pick"),
+    RECORD_NOUNS,
+    _build_filter_records,
+)
 
 
 # -------------------------------------------------------------------------------------- family: normalise keys
@@ -1915,6 +2130,20 @@ def _build_normalise_keys(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+NORMALISE_KEYS = Family(
+    "normalise_keys",
+    (
+        _axis("style", ("snake", ""), ("kebab", "kebab"), ("flat", "joined")),
+        _axis("collide", ("last", ""), ("first", "first_wins")),
+        _axis("non_str", ("keep", ""), ("drop", "str_keys_only"), ("str", "stringified_keys")),
+    ),
+    ("normalize_keys_of", "clean_keys_of", "fix_keys_of"),
+    DICT_NOUNS,
+    _build_normalise_keys,
+    singular=True,
+)
+
+
 # ------------------------------------------------------------------------------------ family: split delimited
 
 _SPLIT_SEPS = {"comma": ",", "semicolon": ";", "pipe": "|", "slash": "/"}
@@ -1974,6 +2203,19 @@ def _build_split_delimited(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         (f'.split("{sep}")', ".strip()", "isinstance("),
         f"a {sep!r}-separated string of {noun.plural}",
     )
+
+
+SPLIT_DELIMITED = Family(
+    "split_delimited",
+    (
+        _axis("sep", ("comma", ""), ("semicolon", "semicolon"), ("pipe", "pipe"), ("slash", "slash")),
+        _axis("empty", ("drop", ""), ("keep", "keep_empty")),
+        _axis("case", ("keep", ""), ("lower", "lowercased")),
+    ),
+    ("split", "explode", "unpack"),
+    TEXT_NOUNS[5:15],
+    _build_split_delimited,
+)
 
 
 # ----------------------------------------------------------------------------------------- family: count items
@@ -2065,6 +2307,20 @@ def _build_count_items(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+COUNT_ITEMS = Family(
+    "count_items",
+    (
+        _axis("case", ("exact", ""), ("ignore", "ignoring_case")),
+        _axis("non_str", ("skip", ""), ("str", "stringified")),
+        _axis("min", ("all", ""), ("repeated", "repeated")),
+        _axis("output", ("dict", ""), ("pairs", "ranked")),
+    ),
+    ("count", "tally", "frequency_of"),
+    TEXT_NOUNS[2:12],
+    _build_count_items,
+)
+
+
 # ------------------------------------------------------------------------------------- family: parse booleans
 
 
@@ -2147,6 +2403,31 @@ def _build_parse_booleans(name: str, noun: Noun, o: dict[str, str]) -> Spec:
         (".strip().lower()", "isinstance(value, bool)", "true_words"),
         f"a list (or tuple) of {noun.plural}",
     )
+
+
+FLAG_NOUNS = (
+    Noun("flags", "flag", ("true", " False ", "yes", "maybe", "OFF")),
+    Noun("answers", "answer", ("Yes", "no ", "TRUE", "dunno", " n")),
+    Noun("toggles", "toggle", ("on", "Off", "true", "toggle", " 1 ")),
+    Noun("responses", "response", ("Y", "nope", "false", " yes", "0")),
+    Noun("checkbox values", "checkbox value", ("checked", "true", " FALSE", "on", "n")),
+    Noun("opt-ins", "opt-in", ("yes", "No", "maybe later", "TRUE", "off")),
+    Noun("switches", "switch", ("ON", "off ", "1", "enabled", "False")),
+    Noun("consents", "consent", ("I agree", "yes", "no", "True", " 0 ")),
+)
+
+
+PARSE_BOOLEANS = Family(
+    "parse_booleans",
+    (
+        _axis("vocab", ("basic", ""), ("extended", "lenient")),
+        _axis("unknown", ("skip", ""), ("none", "none_for_unknown"), ("false", "false_for_unknown")),
+        _axis("ints", ("reject", ""), ("accept", "with_ints")),
+    ),
+    ("booleanize", "decode_bools_in", "read_bools_in"),
+    FLAG_NOUNS,
+    _build_parse_booleans,
+)
 
 
 # ----------------------------------------------------------------------------------------- family: mask ids
@@ -2236,258 +2517,50 @@ def _build_mask_identifiers(name: str, noun: Noun, o: dict[str, str]) -> Spec:
     )
 
 
+ID_NOUNS = (
+    Noun("card numbers", "card number", ("4111 1111 1111 1234", "5500-0000-0000-0004"), {"keep": 4}),
+    Noun("phone numbers", "phone number", ("+1 555-010-9999", "(020) 7946 0018"), {"keep": 2}),
+    Noun("account ids", "account id", ("ACC-009-871", "acc 12 34 56"), {"keep": 3}),
+    Noun("ibans", "iban", ("DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"), {"keep": 4}),
+    Noun("license plates", "license plate", ("AB-123-CD", "7ABC 123"), {"keep": 2}),
+    Noun("api keys", "api key", ("sk_live_51Hx9", "pk-test-00aa"), {"keep": 4}),
+)
+
+
+MASK_IDENTIFIERS = Family(
+    "mask_identifiers",
+    (
+        _axis("mask", ("star", ""), ("hash", "hash"), ("x", "x")),
+        _axis("separators", ("keep", ""), ("remove", "compact")),
+        _axis("input", ("one", ""), ("many", "each")),
+    ),
+    ("mask", "redact", "hide"),
+    ID_NOUNS,
+    _build_mask_identifiers,
+)
+
+
 # -------------------------------------------------------------------------------------------- the families
 
-
-def _axis(name: str, *pairs: tuple[str, str], minor: bool = False) -> Axis:
-    return Axis(name, tuple(v for v, _ in pairs), tuple(f for _, f in pairs), minor)
-
-
-_RETURNS = _axis("returns", ("list", ""), ("tuple", "as_tuple"), minor=True)
-
 FAMILIES: tuple[Family, ...] = (
-    Family(
-        "strip_drop_empty",
-        (
-            _axis("non_str", ("skip", ""), ("str", "stringified")),
-            _axis("case", ("keep", ""), ("lower", "lowercased")),
-            _axis("order", ("input", ""), ("sorted", "sorted")),
-            _RETURNS,
-        ),
-        ("clean", "tidy", "sanitize"),
-        TEXT_NOUNS[:10],
-        _build_strip_drop_empty,
-    ),
-    Family(
-        "dedupe_keep_order",
-        (
-            _axis("keep", ("first", ""), ("last", "keep_last")),
-            _axis("none", ("skip", ""), ("keep", "keep_none")),
-            _axis("strip", ("exact", ""), ("strip", "stripped")),
-            _RETURNS,
-        ),
-        ("dedupe", "unique", "distinct"),
-        TEXT_NOUNS[3:13],
-        _build_dedupe_keep_order,
-    ),
-    Family(
-        "normalise_whitespace",
-        (
-            _axis("joiner", ("space", ""), ("underscore", "underscored"), ("hyphen", "hyphenated")),
-            _axis("case", ("keep", ""), ("lower", "lowercased")),
-            _axis("input", ("one", ""), ("many", "each")),
-        ),
-        ("squash_spaces_in", "normalize_spacing_of", "collapse_whitespace_in"),
-        TEXT_NOUNS[4:16],
-        _build_normalise_whitespace,
-    ),
-    Family(
-        "parse_key_value",
-        (
-            _axis(
-                "pair_sep",
-                ("semicolon", ""),
-                ("comma", "comma_separated"),
-                ("ampersand", "ampersand_separated"),
-                ("newline", "per_line"),
-            ),
-            _axis("kv_sep", ("equals", ""), ("colon", "colon")),
-            _axis("dup", ("last", ""), ("first", "first_wins")),
-            _axis("key_case", ("keep", ""), ("lower", "lower_keys")),
-        ),
-        ("parse", "read", "decode"),
-        PAIR_NOUNS,
-        _build_parse_key_value,
-    ),
-    Family(
-        "clamp_numbers",
-        (
-            _axis("mode", ("clamp", ""), ("drop", "drop_outliers")),
-            _axis("none", ("skip", ""), ("low", "none_as_min")),
-            _axis("rounding", ("keep", ""), ("round", "rounded")),
-            _RETURNS,
-        ),
-        ("fit", "bound", "limit"),
-        RANGE_NOUNS,
-        _build_clamp_numbers,
-    ),
-    Family(
-        "drop_missing_values",
-        (
-            _axis(
-                "missing",
-                ("none", ""),
-                ("empty", "or_empty"),
-                ("blank", "or_blank"),
-                ("container", "or_empty_containers"),
-            ),
-            _axis("strip", ("keep", ""), ("strip", "stripped")),
-            _axis("nested", ("flat", ""), ("nested", "deep")),
-        ),
-        ("drop_missing_in", "prune", "compact"),
-        DICT_NOUNS,
-        _build_drop_missing_values,
-        singular=True,
-    ),
-    Family(
-        "merge_counts",
-        (
-            _axis("inputs", ("two", "pair"), ("many", "all")),
-            _axis("keys", ("exact", ""), ("normalised", "normalized_keys")),
-            _axis("zero", ("keep", ""), ("drop", "nonzero")),
-            _axis("output", ("dict", ""), ("pairs", "ranked")),
-        ),
-        ("merge", "combine", "sum"),
-        COUNT_NOUNS,
-        _build_merge_counts,
-    ),
-    Family(
-        "flatten_nested",
-        (
-            _axis("depth", ("all", ""), ("one", "one_level")),
-            _axis("tuples", ("flatten", ""), ("atom", "keep_tuples")),
-            _axis("none", ("drop", ""), ("keep", "keep_none")),
-            _RETURNS,
-        ),
-        ("flatten", "unnest", "spread"),
-        TEXT_NOUNS[6:16],
-        _build_flatten_nested,
-    ),
-    Family(
-        "validate_emails",
-        (
-            _axis("want", ("valid", ""), ("invalid", "invalid")),
-            _axis("normalise", ("keep", ""), ("lower", "lowercased")),
-            _axis("dedupe", ("all", ""), ("unique", "unique")),
-            _axis("domain", ("any", ""), ("restricted", "own_domain")),
-        ),
-        ("filter_emails_of", "check_emails_of", "screen_emails_of"),
-        PEOPLE_NOUNS,
-        _build_validate_emails,
-    ),
-    Family(
-        "parse_ints",
-        (
-            _axis("invalid", ("skip", ""), ("none", "none_for_invalid"), ("zero", "zero_for_invalid")),
-            _axis("negatives", ("allow", ""), ("reject", "non_negative")),
-            _axis("floats", ("reject", ""), ("whole", "whole_floats")),
-        ),
-        ("parse", "to_int", "coerce"),
-        INT_NOUNS,
-        _build_parse_ints,
-    ),
-    Family(
-        "title_case_names",
-        (
-            _axis("particles", ("all", ""), ("lower", "keep_particles")),
-            _axis("hyphen", ("each", ""), ("first", "plain_hyphens")),
-            _axis("blanks", ("drop", ""), ("keep", "keep_blank")),
-            _RETURNS,
-        ),
-        ("title_case", "capitalize", "format"),
-        PEOPLE_NOUNS,
-        _build_title_case_names,
-    ),
-    Family(
-        "group_records",
-        (
-            _axis("value", ("record", ""), ("field", "ids_only")),
-            _axis("missing", ("skip", ""), ("none", "none_key"), ("other", "unknown_key")),
-            _axis("keys", ("exact", ""), ("lower", "lower_keys")),
-        ),
-        ("group", "bucket", "index"),
-        RECORD_NOUNS,
-        _build_group_records,
-    ),
-    Family(
-        "unique_case_insensitive",
-        (
-            _axis("form", ("first", ""), ("lower", "lowercased")),
-            _axis("strip", ("strip", ""), ("raw", "unstripped")),
-            _axis("order", ("input", ""), ("sorted", "sorted")),
-            _RETURNS,
-        ),
-        ("dedupe_case_insensitive", "unique_ignoring_case", "distinct_any_case"),
-        TEXT_NOUNS[1:11],
-        _build_unique_case_insensitive,
-    ),
-    Family(
-        "truncate_text",
-        (
-            _axis("marker", ("dots", ""), ("ellipsis", "ellipsis_char"), ("none", "no_marker")),
-            _axis("cut", ("hard", ""), ("word", "at_word")),
-            _axis("input", ("one", ""), ("many", "each")),
-        ),
-        ("truncate", "shorten", "clip"),
-        TRUNCATE_NOUNS,
-        _build_truncate_text,
-    ),
-    Family(
-        "filter_records",
-        (
-            _axis("op", ("ge", ""), ("gt", "strictly_above"), ("le", "at_most"), ("lt", "strictly_below")),
-            _axis("missing", ("drop", ""), ("keep", "keep_unknown")),
-            _axis("output", ("records", ""), ("ids", "ids")),
-        ),
-        ("filter", "select", "pick"),
-        RECORD_NOUNS,
-        _build_filter_records,
-    ),
-    Family(
-        "normalise_keys",
-        (
-            _axis("style", ("snake", ""), ("kebab", "kebab"), ("flat", "joined")),
-            _axis("collide", ("last", ""), ("first", "first_wins")),
-            _axis("non_str", ("keep", ""), ("drop", "str_keys_only"), ("str", "stringified_keys")),
-        ),
-        ("normalize_keys_of", "clean_keys_of", "fix_keys_of"),
-        DICT_NOUNS,
-        _build_normalise_keys,
-        singular=True,
-    ),
-    Family(
-        "split_delimited",
-        (
-            _axis("sep", ("comma", ""), ("semicolon", "semicolon"), ("pipe", "pipe"), ("slash", "slash")),
-            _axis("empty", ("drop", ""), ("keep", "keep_empty")),
-            _axis("case", ("keep", ""), ("lower", "lowercased")),
-        ),
-        ("split", "explode", "unpack"),
-        TEXT_NOUNS[5:15],
-        _build_split_delimited,
-    ),
-    Family(
-        "count_items",
-        (
-            _axis("case", ("exact", ""), ("ignore", "ignoring_case")),
-            _axis("non_str", ("skip", ""), ("str", "stringified")),
-            _axis("min", ("all", ""), ("repeated", "repeated")),
-            _axis("output", ("dict", ""), ("pairs", "ranked")),
-        ),
-        ("count", "tally", "frequency_of"),
-        TEXT_NOUNS[2:12],
-        _build_count_items,
-    ),
-    Family(
-        "parse_booleans",
-        (
-            _axis("vocab", ("basic", ""), ("extended", "lenient")),
-            _axis("unknown", ("skip", ""), ("none", "none_for_unknown"), ("false", "false_for_unknown")),
-            _axis("ints", ("reject", ""), ("accept", "with_ints")),
-        ),
-        ("booleanize", "decode_bools_in", "read_bools_in"),
-        FLAG_NOUNS,
-        _build_parse_booleans,
-    ),
-    Family(
-        "mask_identifiers",
-        (
-            _axis("mask", ("star", ""), ("hash", "hash"), ("x", "x")),
-            _axis("separators", ("keep", ""), ("remove", "compact")),
-            _axis("input", ("one", ""), ("many", "each")),
-        ),
-        ("mask", "redact", "hide"),
-        ID_NOUNS,
-        _build_mask_identifiers,
-    ),
+    STRIP_DROP_EMPTY,
+    DEDUPE_KEEP_ORDER,
+    NORMALISE_WHITESPACE,
+    PARSE_KEY_VALUE,
+    CLAMP_NUMBERS,
+    DROP_MISSING_VALUES,
+    MERGE_COUNTS,
+    FLATTEN_NESTED,
+    VALIDATE_EMAILS,
+    PARSE_INTS,
+    TITLE_CASE_NAMES,
+    GROUP_RECORDS,
+    UNIQUE_CASE_INSENSITIVE,
+    TRUNCATE_TEXT,
+    FILTER_RECORDS,
+    NORMALISE_KEYS,
+    SPLIT_DELIMITED,
+    COUNT_ITEMS,
+    PARSE_BOOLEANS,
+    MASK_IDENTIFIERS,
 )

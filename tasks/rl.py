@@ -8,8 +8,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.checkpoint import CheckpointMismatchError
 from models.config import RLConfig
+from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
 
@@ -57,13 +57,12 @@ def run_rl(
     from models.policy import load_policy
     from models.rl import check_budget_fits_answers, train_rl
 
-    model, tokenizer = load_policy(policy, dtype=dtype)
-    check_budget_fits_answers(tokenizer, problems, cfg)
-    try:
-        result = train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, True)
-    except CheckpointMismatchError:
+    def attempt(resume: bool):
         model, tokenizer = load_policy(policy, dtype=dtype)
-        result = train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, False)
+        check_budget_fits_answers(tokenizer, problems, cfg)
+        return train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume)
+
+    result = resume_or_start_over(attempt)
     copy_file(result.rollouts_path, rollouts)
     metrics = summarise_history(result.history, cfg.algo, result.global_step)
     metrics["trainable_params"] = result.trainable_params

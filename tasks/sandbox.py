@@ -1,4 +1,4 @@
-"""The sandbox as the stages use it: params.yaml's ``verifier`` section → a :class:`models.verifier.Verifier`."""
+"""The sandbox as the stages use it: params.yaml's ``verifier`` section → a :class:`sandbox.verifier.Verifier`."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from tasks.config import VerifierSection
 
 
 def make_verifier(cfg: VerifierSection):
-    """A :class:`models.verifier.Verifier` configured from params.yaml's ``verifier`` section (a context manager)."""
+    """A :class:`sandbox.verifier.Verifier` configured from params.yaml's ``verifier`` section (a context manager)."""
     import os
 
-    from models.verifier import Verifier, VerifierConfig
+    from sandbox.verifier import Verifier, VerifierConfig
 
     return Verifier(
         VerifierConfig(

@@ -7,8 +7,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.checkpoint import CheckpointMismatchError, checkpoint_hash
+from models.checkpoint import checkpoint_hash
 from models.config import SFTConfig
+from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
 
@@ -22,12 +23,11 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
     from models.policy import load_policy
     from models.sft import train_sft
 
-    model, tokenizer = load_policy(base, dtype=dtype)
-    try:
-        result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=True)
-    except CheckpointMismatchError:
+    def attempt(resume: bool):
         model, tokenizer = load_policy(base, dtype=dtype)
-        result = train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=False)
+        return train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=resume)
+
+    result = resume_or_start_over(attempt)
     metrics = {
         "global_step": result.global_step,
         "best_eval_loss": result.best_eval_loss,

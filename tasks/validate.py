@@ -248,7 +248,7 @@ def _leakage_column(frame: pd.DataFrame) -> list[Any]:
 def _verdict(value: Any) -> Any:
     if isinstance(value, str):
         return value or "the reference solution failed its tests"
-    if hasattr(value, "passed"):  # a models.verifier.Verdict
+    if hasattr(value, "passed"):  # a sandbox.verifier.Verdict
         return True if value.passed else (getattr(value, "reason", None) or "failed its tests")
     if value is True or value is False or value in (0, 1):
         return True if value else "the reference solution failed its tests"
@@ -574,7 +574,7 @@ def validate_problems(
     check_solutions: called once with the list of row dicts that passed every other expectation (so their
         prompt, canonical_solution, test and entry_point are well formed); returns one verdict per row: True
         (passes), False or a reason string (fails), or an object with ``passed``/``reason`` (e.g.
-        ``models.verifier.Verdict``). None skips ``solution_passes_tests``.
+        ``sandbox.verifier.Verdict``). None skips ``solution_passes_tests``.
 
     Raises:
         SuiteError: the suite is missing or invalid. ValueError/TypeError: the hook returned the wrong number

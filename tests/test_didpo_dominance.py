@@ -24,7 +24,7 @@ from models.process_reward import (
 )
 from models.prompts import reference_code
 from models.sampling import format_answer
-from models.verifier import Verifier, VerifierConfig
+from sandbox.verifier import Verifier, VerifierConfig
 
 # Allowed weights at and near the bounds: w_partial < 1 and w_format < 1 − w_partial.
 ALLOWED = [(0.0, 0.0), (0.0, 0.99), (0.5, 0.49), (0.9, 0.099)]

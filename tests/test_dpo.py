@@ -460,7 +460,7 @@ def test_resume_keeps_the_best_so_far(tmp_path):
         train_dpo(*build_tiny_causal_lm(0), PAIRS[:6], SWAPPED, cfg, tmp_path / "resumed", crash_at_step_3)
     saved = load_checkpoint(latest_checkpoint(tmp_path / "resumed/checkpoints"))
     assert saved.step == 2 and saved.state["early_stopping"]["best_step"] == 0
-    assert abs(saved.state["early_stopping"]["best_loss"] - math.log(2)) < 1e-6 and "best" in saved.tensors
+    assert abs(saved.state["early_stopping"]["best"] - math.log(2)) < 1e-6 and "best" in saved.tensors
     resumed = train_dpo(*build_tiny_causal_lm(0), PAIRS[:6], SWAPPED, cfg, tmp_path / "resumed")
     assert resumed.history == straight.history and resumed.global_step == 4
     assert resumed.best_step == straight.best_step == 0 and resumed.kept_reference and straight.kept_reference

@@ -10,7 +10,7 @@ import torch
 from models.config import SelfplayConfig
 from models.dpo import DPOConfig, ReferenceMismatchError, checkpoint_hash, split_pairs
 from models.policy import build_tiny_causal_lm
-from models.verifier import Verdict
+from sandbox.verifier import Verdict
 from tasks.dpo import expected_reference_hash, run_dpo, smoke_check
 from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
 from tests.test_dpo import BASE, PAIRS

@@ -213,7 +213,7 @@ def test_plots_are_written(tmp_path):
 
 def test_evaluate_split_on_a_tiny_model_in_the_sandbox():
     from models.policy import build_tiny_causal_lm
-    from models.verifier import Verifier, VerifierConfig
+    from sandbox.verifier import Verifier, VerifierConfig
 
     model, tokenizer = build_tiny_causal_lm(seed=0)
     small = {"process_problems": 1, "process_prefixes": 2, "consistency_samples": 3, "recovery_samples": 2}

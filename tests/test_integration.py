@@ -21,6 +21,7 @@ COPY = [
     "flows",
     "tasks",
     "models",
+    "sandbox",
     "data/expectations",
     "data/raw",
     "dvc.yaml",

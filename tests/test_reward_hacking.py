@@ -13,7 +13,7 @@ import pytest
 from models.config import ProcessRewardConfig
 from models.process_reward import outcome_reward, terminal_reward
 from models.sampling import extract_code
-from models.verifier import Verifier, VerifierConfig
+from sandbox.verifier import Verifier, VerifierConfig
 
 ENTRY = "add_one"
 TEST = (

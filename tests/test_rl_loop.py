@@ -42,7 +42,7 @@ from models.rl import (
 )
 from models.sampling import Completion, SamplingConfig, build_chat_prompt, sample
 from models.value_head import ValueHead
-from models.verifier import Verifier, VerifierConfig
+from sandbox.verifier import Verifier, VerifierConfig
 from tasks.rl import summarise_history
 
 # Small and quick; every test states what it changes.

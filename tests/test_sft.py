@@ -25,7 +25,6 @@ from models.prompts import signature, user_message
 from models.sampling import build_chat_prompt, extract_code
 from models.sft import (
     IGNORE_INDEX,
-    EarlyStopping,
     SFTConfig,
     answer_nll,
     build_sft_examples,
@@ -37,6 +36,7 @@ from models.sft import (
     render_user_message,
     train_sft,
 )
+from models.training import EarlyStopping
 
 # Small and quick: no periodic evaluation or checkpoint unless a test asks for them.
 BASE = dict(
@@ -509,17 +509,17 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_and_auto_stays_float32(monkeypa
 
     import torch
 
-    from models.sft import _autocast_factory
+    from models.training import autocast_factory
 
-    assert _autocast_factory("auto", "cpu") is None
-    assert _autocast_factory("no", "cpu") is None
+    assert autocast_factory("auto", "cpu") is None
+    assert autocast_factory("no", "cpu") is None
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     with pytest.warns(UserWarning, match="bf16 is emulated"):
-        factory = _autocast_factory("bf16", "cpu")
+        factory = autocast_factory("bf16", "cpu")
     with factory():
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _autocast_factory("bf16", "cpu") is not None
+        assert autocast_factory("bf16", "cpu") is not None

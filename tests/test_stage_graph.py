@@ -12,9 +12,9 @@ import yaml
 import flows.paths as paths
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("models", "tasks", "flows")
-# Modules started as scripts rather than imported (the verifier runs `python -I models/_sandbox_worker.py`).
-SCRIPTS = {"models.verifier": {"models._sandbox_worker"}}
+PROJECT = ("models", "sandbox", "tasks", "flows")
+# Modules started as scripts rather than imported (the verifier runs `python -I sandbox/worker.py`).
+SCRIPTS = {"sandbox.verifier": {"sandbox.worker"}}
 
 
 def _stages() -> dict[str, dict]:
@@ -138,6 +138,6 @@ def test_architecture_page_names_every_stage_and_only_modules_the_stageproject_i
     for stage, (work, learning) in rows.items():
         closure = import_closure(f"flows.{stage}", modules)
         named = {f"tasks.{n}" for n in re.findall(r"(\w+)\.py", work)}
-        named |= {f"models.{n}" for n in re.findall(r"(\w+)\.py", learning)}
+        named |= {f"{pkg or 'models'}.{n}" for pkg, n in re.findall(r"(?:(sandbox)/)?(\w+)\.py", learning)}
         assert named, stage
         assert named <= closure, f"{stage}: the page names {sorted(named - closure)}, which the stage does not import"

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from models._sandbox_harness import assemble, count_tests
-from models.verifier import TestResult, Verdict, Verifier, VerifierConfig
+from sandbox.harness import assemble, count_tests
+from sandbox.verifier import TestResult, Verdict, Verifier, VerifierConfig
 
 TEST3 = """
 METADATA = {"author": "x", "dataset": "test"}
@@ -214,7 +214,7 @@ def test_isolation_report_is_honest(verifier):
 
 
 def test_isolation_is_logged(caplog):
-    with caplog.at_level("INFO", logger="models.verifier"):
+    with caplog.at_level("INFO", logger="sandbox.verifier"):
         with Verifier(VerifierConfig(workers=1)) as v:
             assert v.check(INC, "def check(c):\n    assert c(1) == 2\n", "f").passed
     assert any("sandbox isolation" in r.getMessage() for r in caplog.records)

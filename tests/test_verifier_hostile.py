@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from models.verifier import Verifier, VerifierConfig
+from sandbox.verifier import Verifier, VerifierConfig
 
 TIMEOUT_S = 2.0
 CHECK_F = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n"
@@ -779,7 +779,7 @@ def test_keyboard_interrupt_kills_every_program():
 ROOT_WORKER = """
 import sys
 sys.path.insert(0, {models!r})
-import _sandbox_worker as h
+import worker as h
 
 class RootWorker(h.Worker):
     def _claim_uids(self):  # as if no uid could be used: programs stay root, without capabilities
@@ -791,7 +791,7 @@ h.main(RootWorker)
 NO_PIDNS_WORKER = """
 import sys
 sys.path.insert(0, {models!r})
-import _sandbox_worker as h
+import worker as h
 
 class NoPidnsWorker(h.Worker):
     def setup(self):  # as if PID namespaces were unavailable: cleanup by process group, cgroup and subreaper
@@ -834,7 +834,7 @@ def run_worker(script: str, jobs: list[dict]) -> list[dict]:
     """Drive a worker script over its stdin/stdout protocol; returns [ready line, one line per job]."""
     import json
 
-    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sandbox")
     config = {"timeout_s": 2.0, "cpu_s": 2, "memory_mb": 1024, "file_size_mb": 16, "max_open_files": 64}
     config |= {"max_procs": 32, "scratch_mb": 16, "sandbox_uid_base": 2_900_000, "hide": [os.path.dirname(models)]}
     worker = subprocess.Popen(

@@ -1,7 +1,7 @@
 """Sandboxed verifier: run untrusted programs against HumanEval-style tests, with per-test results.
 
-One :class:`Verifier` owns a pool of worker processes (``models/_sandbox_worker.py`` details the isolation,
-``models/_sandbox_harness.py`` the test transform and the verdict protocol). Each program runs as two processes:
+One :class:`Verifier` owns a pool of worker processes (``sandbox/worker.py`` details the isolation,
+``sandbox/harness.py`` the test transform and the verdict protocol). Each program runs as two processes:
 the **candidate process** (the program, serving calls to its functions over a socket, values copied as plain
 data) and the **test process** (the tests, in a pristine interpreter that never runs a line of the program; it
 alone reports the verdict). The candidate process is forked from a zygote that never held a test, runs as its
@@ -40,11 +40,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from models._sandbox_harness import count_tests
+from sandbox.harness import count_tests
 
 logger = logging.getLogger(__name__)
 
-_WORKER = Path(__file__).with_name("_sandbox_worker.py")
+_WORKER = Path(__file__).with_name("worker.py")
 _WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 _STARTUP_TIMEOUT_S = 60.0
 _GRACE_S = 30.0  # a worker that outlives a job's deadline by this much is declared hung

@@ -1,7 +1,7 @@
-"""Test harness for :mod:`models.verifier`: the test transform, the two processes of a run, the verdict protocol.
+"""Test harness for :mod:`sandbox.verifier`: the test transform, the two processes of a run, the verdict protocol.
 
 Standard library only: imported by the parent (to validate tests and count cases) and by the sandbox worker
-(``models/_sandbox_worker.py``), which forks two sandboxed processes per program:
+(``sandbox/worker.py``), which forks two sandboxed processes per program:
 
 * the **candidate process** loads the program and then only serves calls: it reads ``(name, args, kwargs)``
   requests from a socket, calls the named object of its namespace and writes back the return value, copied into

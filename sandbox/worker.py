@@ -1,10 +1,10 @@
-"""Sandbox worker behind :class:`models.verifier.Verifier`: isolation, two forked processes per program, cleanup.
+"""Sandbox worker behind :class:`sandbox.verifier.Verifier`: isolation, two forked processes per program, cleanup.
 
-The verifier starts one worker per pool slot as ``python -I models/_sandbox_worker.py`` (standard library only; the
+The verifier starts one worker per pool slot as ``python -I sandbox/worker.py`` (standard library only; the
 script runs outside the package). A worker sets up its isolation once, forks its **zygote** (before any job, so
 before any test reached its memory), then runs jobs read from stdin one at a time: it forks the **test process**
 itself (from its pristine memory) and has the zygote fork the **candidate process**, joined by a socketpair; it
-writes one JSON verdict line per job (the protocol between the two is described in ``_sandbox_harness``).
+writes one JSON verdict line per job (the protocol between the two is described in ``harness``).
 
 Isolation, set up once per worker when it runs as root (``Worker.describe`` is the honest report of what is on):
   * two unused uids claimed with lock files, one for candidate processes and one for test processes; each runs
@@ -49,8 +49,8 @@ import sys
 import tempfile
 import time
 
-if __package__:  # imported as models._sandbox_worker (tests)
-    from models._sandbox_harness import (
+if __package__:  # imported as sandbox.worker (tests)
+    from sandbox.harness import (
         assemble,
         borrowed_names,
         make_sender,
@@ -62,7 +62,7 @@ if __package__:  # imported as models._sandbox_worker (tests)
     )
 else:  # run as a script with -I: the harness sits next to this file
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _sandbox_harness import (
+    from harness import (
         assemble,
         borrowed_names,
         make_sender,
@@ -480,7 +480,7 @@ class Worker:
         f["stdlib_importable"] = bool(p.get("import"))
 
     def describe(self) -> dict[str, bool | str]:
-        """The isolation report sent to the parent (keys documented in models.verifier.Verifier.isolation)."""
+        """The isolation report sent to the parent (keys documented in sandbox.verifier.Verifier.isolation)."""
         f = dict(self.facts)
         caps = [c for c, on in (("pids cgroup", f["pids_cgroup"]), ("RLIMIT_NPROC", f["rlimit_nproc_binds"])) if on]
         f["process_cap"] = " + ".join(caps) if caps else "none"
