@@ -19,22 +19,11 @@ from flows.env import PREFECT_UI, setup_environment
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-# The stages in graph order; each is a module flows/<name>.py whose `run` is the stage's Prefect flow.
-STAGES = (
-    "base_model",
-    "prepare",
-    "simulate_logs",
-    "validate",
-    "mine",
-    "baseline",
-    "sft",
-    "gate",
-    "selfplay",
-    "dpo",
-    "didpo",
-    "evaluate",
-    "register",
-)
+def _stages() -> list[str]:
+    """dvc.yaml's stages in DVC's order (`flows.pipeline.stage_order`); each runs the flow ``flows/<name>.py:run``."""
+    from flows.pipeline import stage_order
+
+    return stage_order()
 
 
 def _stage_flow(name: str):
@@ -117,9 +106,10 @@ def run(
         )
         raise typer.Exit(2)
     selected = [s.strip() for s in stages.split(",") if s.strip()] or None
-    unknown = [s for s in selected or () if s not in STAGES]
+    known = _stages()
+    unknown = [s for s in selected or () if s not in known]
     if unknown:
-        typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(STAGES)}", fg="red", err=True)
+        typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
@@ -146,8 +136,9 @@ def stage(
 ) -> None:
     """Run one stage's Prefect flow (this is each dvc.yaml stage's ``cmd``)."""
     setup_environment()
-    if name not in STAGES:
-        typer.secho(f"unknown stage '{name}'; stages: {', '.join(STAGES)}", fg="red", err=True)
+    known = _stages()
+    if name not in known:
+        typer.secho(f"unknown stage '{name}'; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
     from flows.pipeline import record_stage_seconds
     from tasks.config import ConfigError, load_params

@@ -1,23 +1,21 @@
 """The umbrella ``pipeline`` flow: reproduce the DVC graph stage by stage, then push the outputs.
 
-dvc.yaml is the only stage graph: this flow reads its stages, orders them by their deps/outs, and runs
-``dvc repro --single-item NAME`` for each, so ``dvc repro`` and ``didpo run`` execute the same graph and DVC decides
-what is up to date. A failing stage (a failed gate included) stops the flow; nothing downstream runs.
+dvc.yaml is the only stage graph and DVC its only reader: this flow takes DVC's own order of the stages
+(`stage_order`) and runs ``dvc repro --single-item NAME`` for each, so ``dvc repro`` and ``didpo run`` execute the
+same graph and DVC decides what is up to date. A failing stage (a failed gate included) stops the flow; nothing
+downstream runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import graphlib
 import json
 import os
-import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import yaml
 from prefect import flow, get_run_logger, task
 
 from tasks.config import load_params
@@ -29,50 +27,19 @@ class StageFailed(RuntimeError):
     """A DVC stage exited non-zero; the message names it and its exit status."""
 
 
-def _covers(out: str, dep: str) -> bool:
-    out_p, dep_p = Path(out), Path(dep)
-    return out_p == dep_p or out_p in dep_p.parents or dep_p in out_p.parents
+def stage_order(root: str | Path = ".") -> list[str]:
+    """The stage names of the DVC project at `root` in the order ``dvc repro`` runs them: DVC's own graph
+    (``Repo.index.graph``: outs to deps, ``${...}`` templating from params.yaml resolved by DVC) and its own plan
+    (``dvc.repo.reproduce.plan_repro``, a post-order of that graph), so no second reader of dvc.yaml exists.
 
-
-def stage_order(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
-    """Stage names of dvc.yaml in dependency order (a stage after every stage whose outs it depends on).
-
-    Ties keep the file's order. Raises ``graphlib.CycleError`` on a cyclic graph.
+    Raises:
+        dvc.exceptions.CyclicGraphError: the graph has a cycle (DVC's message names it).
     """
-    dvc_yaml = Path(dvc_yaml)
-    stages: dict = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})
-    params_file = dvc_yaml.with_name("params.yaml")
-    params = (yaml.safe_load(params_file.read_text()) or {}) if params_file.exists() else {}
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import plan_repro
 
-    def interpolate(text: str) -> str:  # dvc.yaml's ${section.key} templating, from params.yaml
-        def value(match: re.Match) -> str:
-            node = params
-            for part in match[1].split("."):
-                node = node[part]
-            return str(node)
-
-        return re.sub(r"\$\{\s*([\w.]+)\s*\}", value, text)
-
-    def paths(spec: dict, key: str) -> list[str]:
-        return [interpolate(next(iter(x)) if isinstance(x, dict) else x) for x in spec.get(key, [])]
-
-    outs = {name: paths(spec, "outs") + paths(spec, "metrics") + paths(spec, "plots") for name, spec in stages.items()}
-    sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
-    for name, spec in stages.items():
-        upstream = [
-            other
-            for other in stages
-            if other != name and any(_covers(o, d) for o in outs[other] for d in paths(spec, "deps"))
-        ]
-        sorter.add(name, *upstream)
-    sorter.prepare()
-    position = {name: i for i, name in enumerate(stages)}
-    order: list[str] = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready(), key=position.__getitem__)
-        order.extend(ready)
-        sorter.done(*ready)
-    return order
+    with Repo(str(root)) as repo:
+        return [stage.name for stage in plan_repro(repo.index.graph)]
 
 
 # How long an interrupted stage gets to stop by itself (its flow and MLflow runs marked, DVC's lock released) before
