@@ -74,7 +74,7 @@ ablation: setup
 
 # The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems (1 a family), DPO vs RL only.
 LARGE := -S didpo.steps=24 -S evaluate.val_per_family=1 -S evaluate.test_problems=2 -S evaluate.humaneval_problems=2 \
-	-S 'evaluate.checkpoints=[dpo,rl]' -S evaluate.process_problems=1
+	-S 'evaluate.checkpoints=[dpo,didpo]' -S evaluate.process_problems=1
 run-large: setup
 	$(BIN)/dvc exp run $(LARGE)
 

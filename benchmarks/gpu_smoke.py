@@ -73,9 +73,9 @@ def main() -> None:
 
     import torch
 
+    from models.didpo import DiDPOConfig, train_didpo
     from models.dpo import DPOConfig, train_dpo
     from models.policy import configure_threads, resolve_device
-    from models.rl import RLConfig, train_rl
     from models.sft import SFTConfig, train_sft
     from sandbox.verifier import Verifier, VerifierConfig
 
@@ -131,7 +131,7 @@ def main() -> None:
             model, tok = load(model_path)
             from models.config import ProcessRewardConfig
 
-            cfg = RLConfig(
+            cfg = DiDPOConfig(
                 algo="didpo",
                 steps=args.steps,
                 prompts_per_step=2,
@@ -147,7 +147,7 @@ def main() -> None:
                 reward=ProcessRewardConfig(control="group"),
             )
             with Verifier(VerifierConfig(workers=2, timeout_s=5.0, cpu_s=5)) as verifier:
-                train_rl(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False)
+                train_didpo(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False)
 
         sft_s, dpo_s, rl_s = stage("sft", sft), stage("dpo", dpo), stage("rl", rl)
     name = torch.cuda.get_device_name(device).replace(" ", "_") if cuda else "cpu"

@@ -2,9 +2,9 @@
 
 The policy starts from data/checkpoints/dpo/merged; the KL reference (when ``didpo.kl_coef`` > 0) is the same weights
 with the LoRA adapters disabled. Outputs the adapter and a merged checkpoint, every rollout with its rewards
-(data/rl/rollouts.jsonl, for people to read), the screened prompt pool with its pass rates and control curves
-(data/rl/pool.json; train problems only), the run's metrics and the per-step history (DVC plots). The exact-resume
-checkpoints live beside the exports in data/checkpoints/rl/checkpoints/ (not a DVC out): a crash followed by
+(data/didpo/rollouts.jsonl, for people to read), the screened prompt pool with its pass rates and control curves
+(data/didpo/pool.json; train problems only), the run's metrics and the per-step history (DVC plots). The exact-resume
+checkpoints live beside the exports in data/checkpoints/didpo/checkpoints/ (not a DVC out): a crash followed by
 `dvc repro` or `didpo run` continues from the last one.
 """
 
@@ -14,18 +14,18 @@ from prefect import flow
 
 from flows.paths import (
     CHECKPOINTS,
-    RL_CHECKPOINT,
-    RL_HEADLINE,
-    RL_HISTORY,
-    RL_METRICS,
-    RL_POOL,
-    RL_ROLLOUTS,
+    DIDPO_CHECKPOINT,
+    DIDPO_HEADLINE,
+    DIDPO_HISTORY,
+    DIDPO_METRICS,
+    DIDPO_POOL,
+    DIDPO_ROLLOUTS,
     VALID_PROBLEMS,
 )
 from tasks import tracking
 from tasks.config import load_params
+from tasks.didpo import run_didpo
 from tasks.io import headline, read_problems, write_history, write_json
-from tasks.rl import run_rl
 from tasks.sandbox import make_verifier
 
 HEADLINE_KEYS = (
@@ -48,15 +48,15 @@ def run(params_path: str = "params.yaml") -> dict:
         params.tracking,
         cfg,
         inputs=(str(VALID_PROBLEMS), str(policy)),
-        resume_dir=RL_CHECKPOINT / "checkpoints",
+        resume_dir=DIDPO_CHECKPOINT / "checkpoints",
     ):
         problems = read_problems(VALID_PROBLEMS, "train")
         with make_verifier(params.verifier) as verifier:
-            metrics, history = run_rl(
-                policy, params.base_model.dtype, problems, cfg, verifier, RL_CHECKPOINT, RL_ROLLOUTS, RL_POOL
+            metrics, history = run_didpo(
+                policy, params.base_model.dtype, problems, cfg, verifier, DIDPO_CHECKPOINT, DIDPO_ROLLOUTS, DIDPO_POOL
             )
-        write_json(metrics, RL_METRICS)
-        write_json(headline(metrics, HEADLINE_KEYS), RL_HEADLINE)
-        write_history(history, RL_HISTORY)
-        tracking.log_artifacts(RL_METRICS, RL_HISTORY, RL_ROLLOUTS, RL_POOL, artifact_path="didpo")
+        write_json(metrics, DIDPO_METRICS)
+        write_json(headline(metrics, HEADLINE_KEYS), DIDPO_HEADLINE)
+        write_history(history, DIDPO_HISTORY)
+        tracking.log_artifacts(DIDPO_METRICS, DIDPO_HISTORY, DIDPO_ROLLOUTS, DIDPO_POOL, artifact_path="didpo")
     return metrics

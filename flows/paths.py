@@ -63,14 +63,14 @@ DPO_METRICS = Path("data/dpo/metrics.json")
 DPO_HISTORY = Path("data/dpo/history.json")
 DPO_PLOTS = DPO_HISTORY.parent / "plots"
 
-# didpo (the RL stage; its data is under rl/)
-RL_CHECKPOINT = Path("data/checkpoints/rl")
-RL_ROLLOUTS = Path("data/rl/rollouts.jsonl")
-RL_POOL = Path("data/rl/pool.json")  # the screened prompt pool: pass rates and start-policy control curves
-RL_METRICS = Path("data/rl/metrics.json")
-RL_HEADLINE = Path("data/rl/headline.json")  # the DVC metric
-RL_HISTORY = Path("data/rl/history.json")
-RL_PLOTS = RL_HISTORY.parent / "plots"
+# didpo (the RL stage)
+DIDPO_CHECKPOINT = Path("data/checkpoints/didpo")
+DIDPO_ROLLOUTS = Path("data/didpo/rollouts.jsonl")
+DIDPO_POOL = Path("data/didpo/pool.json")  # the screened prompt pool: pass rates and start-policy control curves
+DIDPO_METRICS = Path("data/didpo/metrics.json")
+DIDPO_HEADLINE = Path("data/didpo/headline.json")  # the DVC metric
+DIDPO_HISTORY = Path("data/didpo/history.json")
+RL_PLOTS = DIDPO_HISTORY.parent / "plots"
 
 # evaluate
 EVALUATE = Path("data/evaluate")
@@ -93,9 +93,9 @@ CHECKPOINTS = {
     "base": BASE_CHECKPOINT,
     "sft": SFT_CHECKPOINT / "merged",
     "dpo": DPO_CHECKPOINT / "merged",
-    "rl": RL_CHECKPOINT / "merged",
+    "didpo": DIDPO_CHECKPOINT / "merged",
 }
-HISTORIES = {"sft": SFT_HISTORY, "dpo": DPO_HISTORY, "rl": RL_HISTORY}
+HISTORIES = {"sft": SFT_HISTORY, "dpo": DPO_HISTORY, "didpo": DIDPO_HISTORY}
 
 
 def present_checkpoints() -> dict[str, Path]:

@@ -6,7 +6,7 @@ pass@1 and its paired change against the base model.
 
 What the gate (``external``) and the evaluate stage (the ``humaneval`` and ``heldout`` splits) measure, for every
 checkpoint of a finished run at once: the base model and each present trained checkpoint
-(data/checkpoints/{sft,dpo,rl}/merged under ``--root``) answer the first ``--problems`` HumanEval problems (0 = all
+(data/checkpoints/{sft,dpo,didpo}/merged under ``--root``) answer the first ``--problems`` HumanEval problems (0 = all
 164) greedily with the evaluate stage's token budget, and the protocol's held-out-family problems
 (``evaluate.heldout_per_family`` of each family in ``prepare.heldout_families``, from the run's
 data/validated/problems.jsonl), sampled as the protocol samples val (``evaluate.n_samples`` at its temperature and
@@ -60,7 +60,7 @@ def main() -> None:
         splits["heldout"] = protocol_problems(rows, 0, cfg.heldout_per_family)
     engine = resolve_engine(cfg.engine, cfg.precision, "external guard")
     checkpoints = {"base": root / "data/checkpoints/base"} | {
-        name: root / f"data/checkpoints/{name}/merged" for name in ("sft", "dpo", "rl")
+        name: root / f"data/checkpoints/{name}/merged" for name in ("sft", "dpo", "didpo")
     }
     passes: dict[str, dict[str, list[float]]] = {split: {} for split in splits}
     seconds = {}

@@ -22,7 +22,7 @@ from typing import Any, get_type_hints
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from models.config import DPOConfig, RLConfig, SelfplayConfig, SFTConfig
+from models.config import DiDPOConfig, DPOConfig, SelfplayConfig, SFTConfig
 from tasks.problem_families import FAMILIES
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -30,7 +30,7 @@ ENGINES = ("openvino", "torch")
 PRECISIONS = ("f32", "bf16")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KS = (1, 2, 5, 10, 16)  # the k of pass@k the evaluate stage can report
-CHECKPOINT_NAMES = ("base", "sft", "dpo", "rl")  # pipeline order
+CHECKPOINT_NAMES = ("base", "sft", "dpo", "didpo")  # pipeline order
 
 
 class ConfigError(ValueError):
@@ -332,8 +332,8 @@ class EvaluateConfig:
         consistency_samples: next lines sampled per prefix (≥ 2).
         recovery_samples: continuations sampled per clean and per corrupted prefix.
         seed: sampling seed and corruption seed.
-        checkpoints: which of base, sft, dpo, rl are measured (when present); a larger run that only asks
-            "did RL help?" measures ``[dpo, rl]`` and halves the stage's time.
+        checkpoints: which of base, sft, dpo, didpo are measured (when present); a larger run that only asks
+            "did RL help?" measures ``[dpo, didpo]`` and halves the stage's time.
         engine: ``openvino`` (OpenVINO GenAI, `models.openvino_engine`: each checkpoint exported once, ≈ 3× our
             sampler's tokens/s on 2 cores) or ``torch`` (`models.sampling.sample`); without the export environment
             (``make export-env``) the torch sampler is used and the stage says so. The engine that ran is part of
@@ -467,7 +467,7 @@ class Params:
     gate: GateConfig = GateConfig()
     selfplay: SelfplayConfig = SelfplayConfig()
     dpo: DPOConfig = DPOConfig()
-    didpo: RLConfig = RLConfig()
+    didpo: DiDPOConfig = DiDPOConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()

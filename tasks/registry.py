@@ -39,7 +39,7 @@ from tasks.config import RegisterConfig
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-CANDIDATES = ("sft", "dpo", "rl")  # this run's trained checkpoints, pipeline order (ties go to the earlier)
+CANDIDATES = ("sft", "dpo", "didpo")  # this run's trained checkpoints, pipeline order (ties go to the earlier)
 NI_MIN_PROBLEMS = 8  # below this a non-inferiority test cannot pass: the secondary is reported, not tested
 PIP_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
 TAG_METRICS = "didpo.metrics"
@@ -55,7 +55,7 @@ class ProtocolMismatch(ValueError):
 class Evidence:
     """One checkpoint's figures from the evaluate stage.
 
-    name: checkpoint name (``sft``, ``dpo``, ``rl``, ``base``, ``champion``); protocol: the protocol id;
+    name: checkpoint name (``sft``, ``dpo``, ``didpo``, ``base``, ``champion``); protocol: the protocol id;
     per_problem: ``{split: {task_id: pass@1}}``; families: ``{task_id: family}``; metrics: flat ``{"split/key":
     mean}`` (`flatten`).
     """

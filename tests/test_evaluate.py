@@ -40,7 +40,7 @@ def test_config_validation_names_the_key():
         parse_params({"evaluate": {"val_per_family": -1}})
     with pytest.raises(ConfigError, match="consistency_samples"):
         parse_params({"evaluate": {"consistency_samples": 1}})
-    assert parse_params({"evaluate": {"checkpoints": ["dpo", "rl"]}}).evaluate.checkpoints == ("dpo", "rl")
+    assert parse_params({"evaluate": {"checkpoints": ["dpo", "didpo"]}}).evaluate.checkpoints == ("dpo", "didpo")
     with pytest.raises(ConfigError, match=r"evaluate.checkpoints must be a non-empty subset .* got \['dpo', 'ppo'\]"):
         parse_params({"evaluate": {"checkpoints": ["dpo", "ppo"]}})
     with pytest.raises(ConfigError, match="evaluate.checkpoints"):
@@ -76,9 +76,9 @@ def test_comparison_table_and_plot_rows():
     table = comparison_table(METRICS)
     assert table["checkpoint"] == ["base", "sft"] and table["pass@5"] == [0.25, 0.75]
     assert table["recovery"] == [None, None]
-    rows = passk_rows(METRICS, "val", ["base", "sft", "dpo", "rl"])
+    rows = passk_rows(METRICS, "val", ["base", "sft", "dpo", "didpo"])
     assert [r["k"] for r in rows] == list(KS)
-    assert rows[2] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "rl": None}
+    assert rows[2] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "didpo": None}
     assert flat_metrics(METRICS) == {
         "eval/base/val/n_problems": 2.0,
         "eval/base/val/n_samples": 16.0,
@@ -96,10 +96,10 @@ def test_pass1_deltas_between_consecutive_checkpoints():
     per_problem = {
         "sft": {"val": [0.0, 0.0, 0.0, 0.0], "test": [], "humaneval": [0.5]},
         "dpo": {"val": [1.0, 0.0, 0.0, 0.0], "test": [], "humaneval": [0.25]},
-        "rl": {"val": [1.0, 0.5, 0.0, 0.0], "test": [], "humaneval": [0.25]},
+        "didpo": {"val": [1.0, 0.5, 0.0, 0.0], "test": [], "humaneval": [0.25]},
     }
     deltas = pass1_deltas(per_problem, {"val": ["a", "a", "b", "b"]})
-    assert list(deltas) == ["sft_to_dpo", "dpo_to_rl"]
+    assert list(deltas) == ["sft_to_dpo", "dpo_to_didpo"]
     assert set(deltas["sft_to_dpo"]) == {"val", "humaneval"}  # no problems in test: no row
     d = deltas["sft_to_dpo"]["val"]
     # one problem of four gained 1.0: the sign-flip p is 1/2 (the flip of that one problem), mean +0.25
@@ -110,7 +110,7 @@ def test_pass1_deltas_between_consecutive_checkpoints():
     one = deltas["sft_to_dpo"]["humaneval"]
     assert (one["delta"], one["mde"], one["n_problems"]) == (-0.25, None, 1)
     assert one["low"] == pytest.approx(-0.25 - 0.975) and one["high"] == pytest.approx(-0.25 + 0.975)
-    assert deltas["dpo_to_rl"]["val"]["delta"] == 0.125
+    assert deltas["dpo_to_didpo"]["val"]["delta"] == 0.125
     md = deltas_markdown(deltas)
     assert "| sft → dpo | val | +0.250 | [-0.546, +1.046] | 0.5000 |" in md
     assert "| sft → dpo | humaneval | -0.250 | [-1.225, +0.725] | 1.0000 | – | 1 (1) |" in md
@@ -121,16 +121,16 @@ def test_pass1_deltas_also_compare_every_later_checkpoint_with_base():
         "base": {"humaneval": [1.0, 1.0, 0.0, 0.0, 0.0]},
         "sft": {"humaneval": [1.0, 0.0, 0.0, 0.0, 0.0]},
         "dpo": {"humaneval": [0.0, 0.0, 0.0, 0.0, 0.0]},
-        "rl": {"humaneval": [0.0, 0.0, 1.0, 0.0, 0.0]},
+        "didpo": {"humaneval": [0.0, 0.0, 1.0, 0.0, 0.0]},
     }
     deltas = pass1_deltas(per_problem)
-    assert list(deltas) == ["base_to_sft", "sft_to_dpo", "dpo_to_rl", "base_to_dpo", "base_to_rl"]
+    assert list(deltas) == ["base_to_sft", "sft_to_dpo", "dpo_to_didpo", "base_to_dpo", "base_to_didpo"]
     to_dpo = deltas["base_to_dpo"]["humaneval"]
     # two problems lost of five: Δ -0.4; "dpo is better" holds in 1 of the 4 sign patterns of the two losses
     assert (to_dpo["delta"], to_dpo["n_discordant"], to_dpo["p_value"]) == (-0.4, 2, 1.0)
-    to_rl = deltas["base_to_rl"]["humaneval"]  # two lost, one gained: Δ -0.2, 3 changed
+    to_rl = deltas["base_to_didpo"]["humaneval"]  # two lost, one gained: Δ -0.2, 3 changed
     assert (to_rl["delta"], to_rl["n_discordant"]) == (pytest.approx(-0.2), 3)
-    # the one-sided p of "rl is better": sign patterns of the 3 changed problems with a sum >= -1 (the observed):
+    # the one-sided p of "didpo is better": sign patterns of the 3 changed problems with a sum >= -1 (the observed):
     # +3 (1 pattern), +1 (3), -1 (3) of 8
     assert to_rl["p_value"] == 0.875
 

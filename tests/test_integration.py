@@ -273,12 +273,12 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     dpo = json.loads((root / "data/dpo/metrics.json").read_text())
     assert dpo["reference_sha256"] == sft_sha and dpo["reference_hash_origin"] == "sft_metrics"
     assert dpo["global_step"] == 2 and dpo["n_train_pairs"] >= 2
-    rl = json.loads((root / "data/rl/metrics.json").read_text())
-    rollouts = (root / "data/rl/rollouts.jsonl").read_text().splitlines()
+    rl = json.loads((root / "data/didpo/metrics.json").read_text())
+    rollouts = (root / "data/didpo/rollouts.jsonl").read_text().splitlines()
     assert len(rollouts) == 2 * 2 * 2  # steps × prompts × group size
-    assert (root / "data/checkpoints/rl/merged/config.json").exists() and rl
+    assert (root / "data/checkpoints/didpo/merged/config.json").exists() and rl
     evaluation = json.loads((root / "data/evaluate/metrics.json").read_text())
-    assert {"base", "sft", "dpo", "rl"} <= set(json.dumps(evaluation).replace('"', " ").split())
+    assert {"base", "sft", "dpo", "didpo"} <= set(json.dumps(evaluation).replace('"', " ").split())
     assert (root / "data/evaluate/figures/passk.png").stat().st_size > 0
     protocol = json.loads((root / "data/evaluate/protocol.json").read_text())
     assert protocol["greedy_splits"] == ["humaneval"]
@@ -293,7 +293,7 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     assert evaluation["sft"]["heldout"]["n_problems"] == len(heldout) == 2
     per_problem = json.loads((root / "data/evaluate/per_problem.json").read_text())
     assert per_problem["protocol"] == protocol["id"] and per_problem["champion_version"] is None
-    assert set(per_problem["checkpoints"]) == {"base", "sft", "dpo", "rl"}
+    assert set(per_problem["checkpoints"]) == {"base", "sft", "dpo", "didpo"}
     decision = json.loads((root / "data/register/decision.json").read_text())
     # the tiny random models solve nothing: every candidate ties with the base model, the earliest (sft) is the
     # candidate, the test finds no gain, and no champion is made

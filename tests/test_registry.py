@@ -41,45 +41,45 @@ WORSE = [0.0] * 20
 
 
 def test_a_planted_gain_is_promoted_with_its_statistics():
-    decision = promotion_decision(evidence("rl", BETTER), evidence("base", BASE), CFG)
+    decision = promotion_decision(evidence("didpo", BETTER), evidence("base", BASE), CFG)
     assert decision.promote
     t = decision.test
     assert t["n"] == 20 and t["n_discordant"] == 14 and t["effect"] == pytest.approx(0.30)
     assert t["p_value"] == 2**-14 and t["method"] == "exact sign-flip (2^14 patterns)"
     assert t["n_clusters"] == 4 and t["cluster_p"] == 1 / 16
     assert t["low"] > 0 and t["mde"] > 0
-    assert decision.reasons[0].startswith("val/pass@1: rl 0.4750 vs base 0.1750, Δ +0.3000 (95% interval [")
+    assert decision.reasons[0].startswith("val/pass@1: didpo 0.4750 vs base 0.1750, Δ +0.3000 (95% interval [")
     assert decision.reasons[0].endswith("significant at α 0.05 with margin 0")
     assert decision.reasons[1].startswith("test/pass@1: Δ +0.0000 over 10 problems; non-inferiority at margin 0.0200")
     assert len(decision.reasons) == 4
 
 
 def test_no_gain_or_a_loss_is_not_promoted():
-    same = promotion_decision(evidence("rl", BASE), evidence("champion", BASE), CFG)
+    same = promotion_decision(evidence("didpo", BASE), evidence("champion", BASE), CFG)
     assert not same.promote and same.test["p_value"] == 1.0 and "not significant" in same.reasons[0]
-    worse = promotion_decision(evidence("rl", WORSE), evidence("champion", BASE), CFG)
+    worse = promotion_decision(evidence("didpo", WORSE), evidence("champion", BASE), CFG)
     assert not worse.promote and worse.test["effect"] == pytest.approx(-0.175)
     # a gain on one problem of twenty: p = 1/2
-    one = promotion_decision(evidence("rl", [1.0] + BASE[1:]), evidence("champion", BASE), CFG)
+    one = promotion_decision(evidence("didpo", [1.0] + BASE[1:]), evidence("champion", BASE), CFG)
     assert not one.promote and one.test["p_value"] == 0.5
     # the margin: a real gain of +0.35 does not clear a margin of 0.4
     strict = RegisterConfig(**{**CFG.__dict__, "margin": 0.4})
-    assert not promotion_decision(evidence("rl", BETTER), evidence("base", BASE), strict).promote
+    assert not promotion_decision(evidence("didpo", BETTER), evidence("base", BASE), strict).promote
 
 
 def test_secondary_regressions_block_promotion():
-    worse_test = promotion_decision(evidence("rl", BETTER, test=(0.0,) * 10), evidence("base", BASE), CFG)
+    worse_test = promotion_decision(evidence("didpo", BETTER, test=(0.0,) * 10), evidence("base", BASE), CFG)
     assert not worse_test.promote and "not shown to be not worse" in worse_test.reasons[1]
-    worse_format = promotion_decision(evidence("rl", BETTER, fmt=0.8), evidence("base", BASE, fmt=0.9), CFG)
+    worse_format = promotion_decision(evidence("didpo", BETTER, fmt=0.8), evidence("base", BASE, fmt=0.9), CFG)
     assert not worse_format.promote
     assert worse_format.reasons[2] == (
         "val/format_compliance: 0.8000 vs base 0.9000 (-0.1000): regression beyond the tolerance 0.02"
     )
     # lower is better for the unsafe rate: a rise of 0.05 is a regression, a fall is not
-    assert not promotion_decision(evidence("rl", BETTER, unsafe=0.05), evidence("base", BASE), CFG).promote
-    assert promotion_decision(evidence("rl", BETTER), evidence("base", BASE, unsafe=0.05), CFG).promote
+    assert not promotion_decision(evidence("didpo", BETTER, unsafe=0.05), evidence("base", BASE), CFG).promote
+    assert promotion_decision(evidence("didpo", BETTER), evidence("base", BASE, unsafe=0.05), CFG).promote
     # fewer than 8 test problems: reported, not tested
-    few = Evidence("rl", "p1", {"val": evidence("x", BETTER).per_problem["val"], "test": {"t0": 0.0}}, FAMILIES,
+    few = Evidence("didpo", "p1", {"val": evidence("x", BETTER).per_problem["val"], "test": {"t0": 0.0}}, FAMILIES,
                    evidence("x", BETTER).metrics)  # fmt: skip
     base = Evidence("base", "p1", {"val": evidence("x", BASE).per_problem["val"], "test": {"t0": 1.0}}, FAMILIES,
                     evidence("x", BASE).metrics)  # fmt: skip
@@ -89,18 +89,18 @@ def test_secondary_regressions_block_promotion():
 
 def test_figures_of_two_protocols_are_not_compared():
     with pytest.raises(ProtocolMismatch, match="protocol p2 and base under p1"):
-        promotion_decision(evidence("rl", BETTER, protocol="p2"), evidence("base", BASE), CFG)
-    other = Evidence("rl", "p1", {"val": {"x": 1.0}}, FAMILIES, {})
+        promotion_decision(evidence("didpo", BETTER, protocol="p2"), evidence("base", BASE), CFG)
+    other = Evidence("didpo", "p1", {"val": {"x": 1.0}}, FAMILIES, {})
     with pytest.raises(ProtocolMismatch, match="different problems"):
         promotion_decision(other, evidence("base", BASE), CFG)
 
 
 def test_the_candidate_is_the_best_trained_checkpoint():
     ev = {"base": evidence("base", BETTER), "sft": evidence("sft", BASE), "dpo": evidence("dpo", BETTER),
-          "rl": evidence("rl", BETTER)}  # fmt: skip
-    assert choose_candidate(ev, CFG) == "dpo"  # dpo and rl tie: the earlier stage; base is not a candidate
-    ev["rl"] = evidence("rl", [0.75] * 20)
-    assert choose_candidate(ev, CFG) == "rl"
+          "didpo": evidence("didpo", BETTER)}  # fmt: skip
+    assert choose_candidate(ev, CFG) == "dpo"  # dpo and didpo tie: the earlier stage; base is not a candidate
+    ev["didpo"] = evidence("didpo", [0.75] * 20)
+    assert choose_candidate(ev, CFG) == "didpo"
     with pytest.raises(FileNotFoundError, match="no trained checkpoint"):
         choose_candidate({"base": ev["base"]}, CFG)
 
@@ -168,7 +168,7 @@ def test_registry_promotion_and_rollback(registry):
     assert (flat.version, flat.promoted, flat.champion_after, flat.incumbent) == (1, False, None, "base")
     assert client.get_model_version(CFG.model_name, "1").tags["didpo.decision"] == "rejected"
 
-    first = register(evidence("rl", BETTER), evidence("base", BASE))  # beats the base model: first champion
+    first = register(evidence("didpo", BETTER), evidence("base", BASE))  # beats the base model: first champion
     assert (first.version, first.promoted, first.champion_before, first.champion_after) == (2, True, None, 2)
     assert aliases() == {"champion": 2, "challenger": 2}
     assert first.test["p_value"] == 2**-14 and first.protocol == "p1"
@@ -177,16 +177,16 @@ def test_registry_promotion_and_rollback(registry):
     assert (worse.promoted, worse.champion_after) == (False, 2) and aliases() == {"champion": 2, "challenger": 3}
     assert "not significant" in worse.reasons[0]
 
-    regressed = register(evidence("rl", [1.0] * 20, fmt=0.5), evidence("champion", BETTER))  # format regression
+    regressed = register(evidence("didpo", [1.0] * 20, fmt=0.5), evidence("champion", BETTER))  # format regression
     assert not regressed.promoted and aliases() == {"champion": 2, "challenger": 4}
 
-    better = register(evidence("rl", [1.0] * 20), evidence("champion", BETTER))  # beats it, no regression
+    better = register(evidence("didpo", [1.0] * 20), evidence("champion", BETTER))  # beats it, no regression
     assert (better.version, better.promoted, better.champion_before) == (5, True, 2)
     assert aliases() == {"champion": 5, "challenger": 5}
     v5 = client.get_model_version(CFG.model_name, "5")
     assert v5.tags["didpo.previous_champion"] == "2" and v5.tags["didpo.decision"] == "promoted"
     assert v5.tags["didpo.protocol"] == "p1" and json.loads(v5.tags["didpo.test"])["n"] == 20
-    assert json.loads(v5.tags["didpo.metrics"]) == evidence("rl", [1.0] * 20).metrics
+    assert json.loads(v5.tags["didpo.metrics"]) == evidence("didpo", [1.0] * 20).metrics
     assert client.get_model_version(CFG.model_name, "4").tags["didpo.reasons"].count("regression beyond") == 1
 
     # the logged model is the tiny model, with explicit pinned requirements; the champion can be re-measured

@@ -81,7 +81,7 @@ def test_every_stage_path_is_a_dvc_output_and_every_output_is_a_stage_path():
         "data/checkpoints/base",
         "data/checkpoints/sft/merged",
         "data/checkpoints/dpo/merged",
-        "data/checkpoints/rl/merged",
+        "data/checkpoints/didpo/merged",
     ]
 
 

@@ -23,7 +23,7 @@ Baselines in the same loop, with the same sampler, verifier, prompt pool, optimi
   rollouts, the cheap control any RL must beat;
 - ``didpo``: token-level loss and clip-higher as DAPO, the group baseline with the process term above (or the critic).
 
-One step of `train_rl`, top to bottom (before the first: the screen, `screen_prompt_pool`):
+One step of `train_didpo`, top to bottom (before the first: the screen, `screen_prompt_pool`):
 
 1. prompts: the next ``prompts_per_step`` problems of the pool, in a seeded, checkpointed order
    (`models.training.DataOrder`);
@@ -74,15 +74,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.config import RLConfig
+from models.config import DiDPOConfig
 
 if TYPE_CHECKING:
     import torch
 
 
 @dataclass
-class RLResult:
-    """What `train_rl` returns.
+class DiDPOResult:
+    """What `train_didpo` returns.
 
     Attributes:
         global_step: RL steps done.
@@ -177,7 +177,7 @@ def collect_rollouts(
     model,
     tokenizer,
     problems: Sequence[dict],
-    cfg: RLConfig,
+    cfg: DiDPOConfig,
     verifier,
     seed: int,
     draw: int = 0,
@@ -256,14 +256,14 @@ def group_controls(group: Sequence[Rollout]) -> list:
     return [mean_control([other.phi for k, other in enumerate(group) if k != i]) for i in range(len(group))]
 
 
-def reference_control(problem: dict, cfg: RLConfig):
+def reference_control(problem: dict, cfg: DiDPOConfig):
     """The ``reference`` control (version 1's, for the ablation): the reference solution's own Φ curve, L_x = M."""
     from models.process_reward import mean_control, reference_curve
 
     return mean_control([reference_curve(_reference_lines(problem), problem, cfg.reward)])
 
 
-def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: RLConfig, controls: dict | None) -> None:
+def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: DiDPOConfig, controls: dict | None) -> None:
     """Set each didpo rollout's gaps G, DiD rewards d and shaped rewards F (`models.process_reward.did_rewards`)
     against its control (``cfg.reward.control``), in place.
 
@@ -357,7 +357,7 @@ class PromptPool:
         }
 
 
-def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, verifier) -> PromptPool:
+def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: DiDPOConfig, verifier) -> PromptPool:
     """The start policy answers the first ``cfg.screen_problems`` problems of a seeded order (all when 0)
     ``cfg.screen_samples`` times each at the rollout temperature; problems with 0 < passes < K_s are the pool
     (DAPO's dynamic sampling, done once), and each one's answers give its ``start_policy`` control: the mean Φ
@@ -529,7 +529,9 @@ def token_reward_matrix(rollouts: Sequence[Rollout], width: int, w_did: float = 
     return out
 
 
-def didpo_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
+def didpo_token_advantages(
+    rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: DiDPOConfig
+) -> torch.Tensor:
     """didpo's critic-free advantages (B, T) (DIDPO.md v2, "Advantage"): potential shaping =
     `models.advantages.didpo_group_advantages` of the returns R_i with the per-token gaps G_{i,j(t)−1}; bonus
     shaping (version 1's reading) = GRPO's group advantage of R_i + w_did·Σ_j d_j on every token.
@@ -560,7 +562,7 @@ def gae_advantages(
     rewards: torch.Tensor,
     old_values: torch.Tensor,
     completion_mask: torch.Tensor,
-    cfg: RLConfig,
+    cfg: DiDPOConfig,
     critic_trusted: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and value targets of didpo with a critic (DIDPO.md v2, "Advantage": γ = λ = 1 by default).
@@ -591,7 +593,7 @@ def gae_advantages(
     return advantages * completion_mask, returns * completion_mask
 
 
-def critic_trusted(history: Sequence[dict], cfg: RLConfig) -> bool:
+def critic_trusted(history: Sequence[dict], cfg: DiDPOConfig) -> bool:
     """Whether GAE may use λ < 1 (DIDPO.md v2, "Advantage"): some earlier step's critic explained more than
     ``cfg.critic_trust_ev`` of the return variance (``didpo/explained_variance`` in `history`, the emitted rows,
     which an exact resume restores), or the threshold is 0."""
@@ -600,7 +602,9 @@ def critic_trusted(history: Sequence[dict], cfg: RLConfig) -> bool:
     return any(row.get("didpo/explained_variance", float("-inf")) > cfg.critic_trust_ev for row in history)
 
 
-def group_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
+def group_token_advantages(
+    rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: DiDPOConfig
+) -> torch.Tensor:
     """grpo/dapo: (r − mean_group)/(std_group + ε) of the sequence rewards, the same on every token (B, T).
 
     `rollouts` holds whole groups of ``cfg.group_size`` in order."""
@@ -630,7 +634,7 @@ def ppo_losses(
     logits: torch.Tensor,
     values: torch.Tensor | None,
     minibatch: dict[str, torch.Tensor],
-    cfg: RLConfig,
+    cfg: DiDPOConfig,
     policy: bool = True,
     scale: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -729,7 +733,7 @@ def ppo_update(
     optimizer,
     params: Sequence,
     batch: dict[str, torch.Tensor],
-    cfg: RLConfig,
+    cfg: DiDPOConfig,
     generator: torch.Generator,
     autocast=None,
     policy: bool = True,
@@ -801,7 +805,7 @@ def ppo_update(
     return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates)}
 
 
-def _data_parallel_backward(model, value_head, batch, index, cfg: RLConfig, autocast, policy: bool, dp):
+def _data_parallel_backward(model, value_head, batch, index, cfg: DiDPOConfig, autocast, policy: bool, dp):
     """Backward of this process's slice of the global minibatch `index` (rows of `batch`), scaled by its share of the
     minibatch's tokens and sequences; returns the minibatch's stats summed over the processes (= the global ones).
     A process whose slice is empty only takes part in the sums (its gradients count as zeros)."""
@@ -890,7 +894,7 @@ class _RolloutLog:
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _fingerprint(cfg: RLConfig, problems: Sequence[dict], initial_weights: str) -> str:
+def _fingerprint(cfg: DiDPOConfig, problems: Sequence[dict], initial_weights: str) -> str:
     """Hash of the config, the problems and the initial weights' digest: a checkpoint only resumes the run that
     wrote it (not a run of the same config from another starting policy)."""
     payload = json.dumps(
@@ -933,7 +937,7 @@ def rollout_kv_cache_bytes(model_config, rows: int, tokens: int, bytes_per_value
     return rows * tokens * model_config.num_hidden_layers * 2 * width * bytes_per_value
 
 
-def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, device) -> None:
+def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: DiDPOConfig, device) -> None:
     """Refuse, before anything is trained or written, an RL budget this model and machine cannot run: the longest
     prompt + ``max_new_tokens`` beyond the model's context (``max_position_embeddings``), or a rollout batch
     (``prompts_per_step × group_size`` rows, decoded together) whose KV cache (`rollout_kv_cache_bytes`, at the
@@ -970,17 +974,17 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def train_rl(
+def train_didpo(
     model,
     tokenizer,
     problems: Sequence[dict],
-    cfg: RLConfig,
+    cfg: DiDPOConfig,
     verifier,
     out_dir: Path,
     emit: Callable[[dict, int], None] = lambda m, s: None,
     resume: bool = True,
     rollouts_path: Path | None = None,
-) -> RLResult:
+) -> DiDPOResult:
     """Train `model` with ``cfg.algo`` on `problems` (see the module docstring for one step).
 
     Args:
@@ -1000,7 +1004,7 @@ def train_rl(
         rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
 
     Returns:
-        an `RLResult`.
+        an `DiDPOResult`.
 
     Raises:
         ValueError: no problems, a problem of another split than train, a tokenizer without pad/eos token, a
@@ -1244,7 +1248,7 @@ def train_rl(
     if dp.is_main:
         adapter_path, merged_path = export(model, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
-    return RLResult(
+    return DiDPOResult(
         global_step=step,
         history=history,
         adapter_path=adapter_path,
@@ -1283,7 +1287,7 @@ def _adapters_disabled(model):
         yield model
 
 
-def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
+def _normalise_and_clip(rewards, mask, normaliser, cfg: DiDPOConfig):
     """Scale token rewards by the running std of sequence returns and clip them, as configured (seed §4.3).
 
     No mean shift: a constant per-token offset would reward length. The statistic is the sequence return, not
@@ -1311,7 +1315,7 @@ def sft_answer_p90_tokens(tokenizer, problems: Sequence[dict]) -> int:
     return lengths[math.ceil(0.9 * len(lengths)) - 1]
 
 
-def check_budget_fits_answers(tokenizer, problems: Sequence[dict], cfg: RLConfig) -> None:
+def check_budget_fits_answers(tokenizer, problems: Sequence[dict], cfg: DiDPOConfig) -> None:
     """Refuse, at stage start, a token budget below the p90 length of the answers SFT taught (`sft_answer_p90_tokens`):
     RL would otherwise cut off most correct answers and train another task (issue 18: 70% cut at 192 tokens).
 

@@ -1,4 +1,4 @@
-"""The ``didpo`` stage's work: load the DPO checkpoint, run RL (models.rl), summarise; MLflow receives every step."""
+"""The ``didpo`` stage's work: load the DPO checkpoint, run RL (models.didpo), summarise; MLflow receives every step."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.config import RLConfig
+from models.config import DiDPOConfig
 from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
@@ -23,7 +23,7 @@ def copy_file(source: Path, target: Path) -> None:
 
 
 def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
-    """The stage's metrics (data/rl/metrics.json): the algorithm, steps done, and for each logged ``didpo/…``
+    """The stage's metrics (data/didpo/metrics.json): the algorithm, steps done, and for each logged ``didpo/…``
     series its first and last value and its mean over the run (keys ``<name>/first``, ``/last``, ``/mean``,
     without the ``didpo/`` prefix)."""
     series: dict[str, list[float]] = {}
@@ -40,13 +40,13 @@ def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
 
 
 @task(cache_policy=NO_CACHE)
-def run_rl(
-    policy: Path, dtype: str, problems: list[dict], cfg: RLConfig, verifier, out: Path, rollouts: Path, pool: Path
+def run_didpo(
+    policy: Path, dtype: str, problems: list[dict], cfg: DiDPOConfig, verifier, out: Path, rollouts: Path, pool: Path
 ) -> tuple[dict, list[dict]]:
     """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
 
     Refuses a token budget below the SFT answers' p90 length on these problems before anything runs
-    (`models.rl.check_budget_fits_answers`). The screened prompt pool (`models.rl.screen_prompt_pool`) is copied
+    (`models.didpo.check_budget_fits_answers`). The screened prompt pool (`models.didpo.screen_prompt_pool`) is copied
     to `pool` (a DVC out); its summary (screened, pool_size, pass rates) joins the metrics.
 
     A leftover resume checkpoint written with another config or other problems is discarded (a new run); a
@@ -54,13 +54,13 @@ def run_rl(
     leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
     copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
     """
+    from models.didpo import check_budget_fits_answers, train_didpo
     from models.policy import load_policy
-    from models.rl import check_budget_fits_answers, train_rl
 
     def attempt(resume: bool):
         model, tokenizer = load_policy(policy, dtype=dtype)
         check_budget_fits_answers(tokenizer, problems, cfg)
-        return train_rl(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume)
+        return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume)
 
     result = resume_or_start_over(attempt)
     copy_file(result.rollouts_path, rollouts)
