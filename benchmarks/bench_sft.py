@@ -275,6 +275,7 @@ def our_config(args):
         eval_every=0,
         checkpoint_every=0,
         device="cpu",
+        mixed_precision="no",  # TRL's side trains in float32 (no bf16 flag): the same precision on both sides
     )
 
 

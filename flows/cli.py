@@ -26,10 +26,31 @@ def _stages() -> list[str]:
     return stage_order()
 
 
-def _stage_flow(name: str):
+def run_stage_flow(name: str, params: str):
+    """Run stage `name`'s flow (``flows/<name>.py:run``) with ``params_path=params``; returns its result.
+
+    Under ``didpo run`` (`flows.pipeline.repro_stage` set ``DIDPO_PARENT_TASK_RUN``) the flow run is created first as a
+    subflow of the pipeline's ``repro-<name>`` task run (``parent_task_run_id``, as Prefect's own subflows and
+    ``run_deployment(as_subflow=True)`` do), then run by Prefect's engine (``prefect.flow_engine.run_flow``); alone
+    (a bare ``dvc repro`` or ``didpo stage``) it is a top-level flow run.
+    """
     import importlib
 
-    return importlib.import_module(f"flows.{name}").run
+    from flows.pipeline import PARENT_TASK_RUN_ENV
+
+    stage_flow = importlib.import_module(f"flows.{name}").run
+    parameters = {"params_path": params}
+    parent = os.environ.get(PARENT_TASK_RUN_ENV)
+    if not parent:
+        return stage_flow(**parameters)
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.flow_engine import run_flow
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(stage_flow, parameters=parameters, parent_task_run_id=UUID(parent))
+    return run_flow(stage_flow, flow_run=flow_run, parameters=parameters)
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -149,7 +170,7 @@ def stage(
         load_params(params)  # a bad params.yaml stops here, before any flow run or server starts
         started = time.monotonic()
         with _prefect_api():  # under `didpo run` its API; under a bare `dvc repro` a server of its own
-            _stage_flow(name)(params_path=str(params))
+            run_stage_flow(name, str(params))
         record_stage_seconds(name, time.monotonic() - started)  # the next run's ETA
     except ConfigError as exc:
         typer.secho(str(exc), fg="red", err=True)

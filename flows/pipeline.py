@@ -66,16 +66,26 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) ->
     return proc.wait()
 
 
+# Set by `repro_stage` for the stage command DVC starts: the id of the pipeline's task run, so the stage's flow run
+# is created as its subflow (`flows.cli.run_stage_flow`) and the Prefect UI nests every stage under the pipeline.
+PARENT_TASK_RUN_ENV = "DIDPO_PARENT_TASK_RUN"
+
+
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
-    """``dvc repro --single-item NAME`` (its output streams to the console), in its own process group: a Ctrl-C
+    """``dvc repro --single-item NAME`` (its output streams to the console), in its own process group, with this task
+    run's id in ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow): a Ctrl-C
     (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only once it has stopped.
 
     Raises:
         StageFailed: the stage's command exited non-zero.
         KeyboardInterrupt: interrupted (after the stage stopped).
     """
-    proc = subprocess.Popen(["dvc", "repro", "--single-item", name], start_new_session=True)
+    from prefect.runtime import task_run
+
+    # The stage's own flow run (created in its process, only when DVC runs it) becomes a subflow of this task run.
+    env = {**os.environ, PARENT_TASK_RUN_ENV: str(task_run.id)}
+    proc = subprocess.Popen(["dvc", "repro", "--single-item", name], start_new_session=True, env=env)
     try:
         returncode = proc.wait()
     except KeyboardInterrupt:

@@ -399,7 +399,7 @@ def train_sft(
     per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step)
     device = dp.device
-    autocast = autocast_factory(cfg.mixed_precision, device)
+    autocast = autocast_factory(cfg.mixed_precision, device, auto_on_cpu=True)
 
     set_seed(cfg.seed)
     if cfg.lora:

@@ -57,20 +57,22 @@ def native_bf16(device: str) -> bool:
     return False
 
 
-def autocast_factory(mixed_precision: str, device: str) -> Callable[[], Any] | None:
+def autocast_factory(mixed_precision: str, device: str, auto_on_cpu: bool = False) -> Callable[[], Any] | None:
     """A bf16 autocast context factory, or None (train in the weights' dtype; the weights stay fp32 either way).
 
-    ``auto``: bf16 on CUDA devices that support it, none elsewhere. ``bf16``: on any device; on a CPU without native
-    bf16 arithmetic (`native_bf16`) it warns, since oneDNN then emulates bf16: measured on an AMD EPYC (Zen 3, AVX2),
-    one SmolLM2-135M SFT step did not finish in 330 s against 27 s in fp32 (``benchmarks/bench_sft_recipe.py
-    --bf16``, docs/results/bench_sft_recipe_bf16.txt); on an AMD EPYC with AVX512-BF16 the same step took 17.1 s
-    against 24.7 s (session 13). ``no``: none.
+    ``auto``: bf16 on CUDA devices that support it; on a CPU only with ``auto_on_cpu`` and native bf16 (`native_bf16`),
+    none elsewhere. SFT passes ``auto_on_cpu=True``: on an AMD EPYC with AVX512-BF16 one SmolLM2-135M SFT step (2 × 4
+    examples, LoRA dropout 0) took 17.1 s against 24.7 s in fp32, its loss within 5e-4 relative
+    (``benchmarks/bench_sft_recipe.py --bf16``, session 13). DPO and RL keep fp32 on CPU: their log-prob ratios
+    (policy against reference, trainer against sampler) were measured in fp32 only. ``bf16``: on any device; on a CPU
+    without native bf16 it warns, since oneDNN then emulates bf16: measured on an AMD EPYC (Zen 3, AVX2), one SFT step
+    did not finish in 330 s against 27 s in fp32 (docs/results/bench_sft_recipe_bf16.txt). ``no``: none.
     """
     import torch
 
     kind = device.split(":")[0]
     if mixed_precision == "auto":
-        use = kind == "cuda" and native_bf16(device)
+        use = native_bf16(device) and (kind == "cuda" or (kind == "cpu" and auto_on_cpu))
     else:
         use = mixed_precision == "bf16"
     if use and kind == "cpu" and not native_bf16(device):

@@ -128,6 +128,7 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
         lora_dropout=0.0,
         max_seq_len=256,
         device="cpu",
+        mixed_precision="no",  # 2 processes must end with the parameters of 1 to 1e-5: float32 math
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     result = train_sft(model, tokenizer, problems, [], cfg, out_dir / "sft", resume=False)

@@ -140,11 +140,12 @@ def test_didpo_run_through_prefect(project):
     try:
         run_env = {**env, "PREFECT_API_URL": server.api_url}
         sh([str(BIN / "didpo"), "run", "--stages", ",".join(STAGES)], root, run_env)
-        flow_runs = asyncio.run(_flow_runs(server.api_url))
+        flow_runs, nested = asyncio.run(_flow_runs(server.api_url))
     finally:
         server.stop()
 
     assert {"pipeline", *STAGES} <= set(flow_runs.values())
+    assert nested == {f"repro-{s}": s for s in STAGES}  # every stage's flow run is a subflow of its pipeline task
     client, runs = mlflow_runs(root)
     parents = [r for r in runs if r.data.tags["didpo.stage"] == "pipeline"]
     assert len(parents) == 1
@@ -159,13 +160,17 @@ def test_didpo_run_through_prefect(project):
     assert "up to date" in sh(["dvc", "status", *STAGES], root, env).stdout
 
 
-async def _flow_runs(api_url: str) -> dict[str, str]:
+async def _flow_runs(api_url: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``({flow run id: flow name}, {pipeline task run name: the flow name of the subflow run under it})``."""
     from prefect.client.orchestration import PrefectClient
 
     async with PrefectClient(api_url) as client:
         runs = await client.read_flow_runs()
         flows = {f.id: f.name for f in await client.read_flows()}
-    return {str(r.id): flows[r.flow_id] for r in runs}
+        pipeline_run = next(r for r in runs if flows[r.flow_id] == "pipeline")
+        tasks = {t.id: t.name for t in await client.read_task_runs() if t.flow_run_id == pipeline_run.id}
+    nested = {tasks[r.parent_task_run_id]: flows[r.flow_id] for r in runs if r.parent_task_run_id in tasks}
+    return {str(r.id): flows[r.flow_id] for r in runs}, nested
 
 
 def test_model_stages_on_a_tiny_model(project):

@@ -38,8 +38,11 @@ from models.sft import (
 )
 from models.training import EarlyStopping
 
-# Small and quick: no periodic evaluation or checkpoint unless a test asks for them.
+# Small and quick: no periodic evaluation or checkpoint unless a test asks for them. float32 throughout: these tests
+# compare numbers to hand computations, TRL and each other (`auto` would autocast to bf16 on a CPU with AVX512-BF16;
+# tests/test_training.py checks bf16 against float32 and the integration tests run the default).
 BASE = dict(
+    mixed_precision="no",
     batch_size=4,
     grad_accum_steps=1,
     max_steps=3,

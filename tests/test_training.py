@@ -168,3 +168,17 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert native_bf16("cpu")
     assert not native_bf16("mps")
+
+
+def test_auto_autocasts_sft_on_a_cpu_with_native_bf16_only(monkeypatch):
+    """``auto``: SFT (``auto_on_cpu``) gets bf16 on a CPU with AVX512-BF16 or AMX and float32 elsewhere; DPO and RL
+    (no ``auto_on_cpu``) stay float32 on every CPU; ``no`` never autocasts."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    factory = autocast_factory("auto", "cpu", auto_on_cpu=True)
+    with factory():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert autocast_factory("auto", "cpu") is None
+    assert autocast_factory("no", "cpu", auto_on_cpu=True) is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    assert autocast_factory("auto", "cpu", auto_on_cpu=True) is None
