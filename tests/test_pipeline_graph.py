@@ -10,10 +10,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, text):
-    """A DVC project (no git) at `tmp_path` with this dvc.yaml; returns its root."""
-    from dvc.repo import Repo
-
-    Repo.init(str(tmp_path), no_scm=True).close()
+    """A DVC project (no git) at `tmp_path` with this dvc.yaml; returns its root. (What ``dvc init --no-scm`` writes,
+    without DVC's logger, which holds on to the stream of the first test that configured it.)"""
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[core]\n    no_scm = True\n")
     (tmp_path / "dvc.yaml").write_text(text)
     return tmp_path
 
