@@ -214,7 +214,7 @@ def run_trl(problems, verifier, args) -> Run:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from models.evaluation import assemble_program
+    from models.measure import assemble_program
     from models.sampling import extract_code
 
     by_id = {p["task_id"]: p for p in problems}

@@ -29,7 +29,7 @@ One step of `train_didpo`, top to bottom (before the first: the screen, `screen_
    (`models.training.DataOrder`);
 2. rollouts: ``group_size`` samples per prompt with `models.sampling.sample`, seeded from (seed, step, draw) so
    every step draws new samples; the sampler records the old per-token log-probs at the sampling temperature;
-3. verification: `models.evaluation.assemble_program` + the verifier → the outcome R_i; didpo: Φ of every prefix,
+3. verification: `models.measure.assemble_program` + the verifier → the outcome R_i; didpo: Φ of every prefix,
    the gaps against the control and the shaped rewards (`assign_process_rewards`);
 4. advantages: didpo = `didpo_token_advantages` (or, with a critic, per-token rewards w_did·F on step ends + the
    sequence reward on the last token, GAE, whitening); grpo/dapo = group-normalised sequence rewards on every
@@ -201,7 +201,7 @@ def collect_rollouts(
         one group (list of `Rollout`) per problem, in order.
     """
     from models.code_steps import code_line_ends
-    from models.evaluation import assemble_program
+    from models.measure import assemble_program
     from models.process_reward import outcome_reward, overlong_penalty, prefix_scores, terminal_reward
     from models.prompts import user_message
     from models.sampling import SamplingConfig, build_chat_prompt, sample

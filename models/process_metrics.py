@@ -9,7 +9,7 @@ A *model* here is a **continuer**: ``continue_fn(requests, n, one_line) -> list[
 after ``code_prefix`` (the code that follows it, without the closing fence). With ``one_line`` the continuer may
 stop at the first newline. `make_continuer` builds the real one from a causal LM (`models.sampling.sample`).
 A *checker* is ``check_fn(jobs) -> list[bool]``: each ``(problem, code)`` job passes all of the problem's tests or
-not (the real one runs `models.evaluation.assemble_program` in the sandbox verifier).
+not (the real one runs `models.measure.assemble_program` in the sandbox verifier).
 
 Reference prefixes: the reference answer's code is `models.prompts.reference_code` (what the user was shown —
 the signature, or HumanEval's whole prompt — followed by the canonical body). "The prefix after j lines" is the
@@ -351,7 +351,7 @@ class Complexity:
 
 def trajectory_complexity(pairs: Sequence[tuple[str, str]]) -> Complexity:
     """Mean size ratios of ``(completion_program, reference_program)`` pairs (complete programs, e.g. both from
-    `models.evaluation.assemble_program`); pairs whose completion does not parse are skipped.
+    `models.measure.assemble_program`); pairs whose completion does not parse are skipped.
 
     Raises:
         ValueError: a reference that does not parse or has no code line or no function.

@@ -1,6 +1,6 @@
 """Self-play preference pairs: the SFT model's own best and worst answers to a training prompt.
 
-The SFT model answers each training problem K times (`models.evaluation.sample_and_verify`: the sampler + the
+The SFT model answers each training problem K times (`models.measure.sample_and_verify`: the sampler + the
 sandboxed verifier). Each answer gets a score, compared lexicographically:
 
 1. the fraction of the problem's tests its code passes (the verifier; correctness first),

@@ -36,7 +36,7 @@ def main() -> None:
     from flows.env import setup_environment
 
     setup_environment(Path(args.root))  # telemetry off, offline hub, before prefect and mlflow are imported
-    from models.evaluation import sample_and_verify
+    from models.measure import sample_and_verify
     from models.policy import load_policy
     from tasks.config import load_params
     from tasks.evaluate import protocol_problems, split_sampling

@@ -66,7 +66,7 @@ def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_t
     ``format_compliance`` and ``unsafe_rate`` (fractions of answers, `models.answer_format.check_format`),
     ``greedy_pass`` (fraction whose code passes every test), ``n_problems``."""
     from models.answer_format import check_format
-    from models.evaluation import sample_and_verify
+    from models.measure import sample_and_verify
     from models.policy import load_policy
     from models.sampling import SamplingConfig
 

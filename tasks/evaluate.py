@@ -140,8 +140,8 @@ def _is_body(code: str) -> bool:
 
 def answer_metrics(problems: Sequence[dict], results) -> dict:
     """Format, safety, valid-prefix and complexity figures of the sampled answers of `results` (one
-    `models.evaluation.ProblemResult` per problem, same order)."""
-    from models.evaluation import assemble_program
+    `models.measure.ProblemResult` per problem, same order)."""
+    from models.measure import assemble_program
     from models.process_metrics import format_rates, trajectory_complexity, valid_prefix_rate
     from models.prompts import reference_code
     from models.sampling import extract_code
@@ -170,8 +170,8 @@ def answer_metrics(problems: Sequence[dict], results) -> dict:
 
 def sandbox_checker(verifier):
     """A `models.process_metrics.CheckFn` over the sandbox: ``(problem, code)`` passes when
-    `models.evaluation.assemble_program` of it passes every test."""
-    from models.evaluation import assemble_program
+    `models.measure.assemble_program` of it passes every test."""
+    from models.measure import assemble_program
 
     def check(jobs):
         verdicts = verifier.check_many([(assemble_program(p, code), p["test"], p["entry_point"]) for p, code in jobs])
@@ -184,10 +184,10 @@ def evaluate_split(
     model, tokenizer, problems: Sequence[dict], cfg: EvaluateConfig, verifier, sampler=None, split: str = "val"
 ) -> tuple[dict, list]:
     """Every metric of one split (see the module docstring); returns ``(metrics, results)`` with the per-problem
-    `models.evaluation.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
+    `models.measure.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
     ``split``: its name (`split_sampling`: a greedy split gets one answer per problem, pass@1 only and
     no process metrics)."""
-    from models.evaluation import sample_and_verify, summarise
+    from models.measure import sample_and_verify, summarise
     from models.process_metrics import decision_consistency, error_recovery, make_continuer
 
     sampling, greedy = split_sampling(cfg, split), cfg.greedy(split)

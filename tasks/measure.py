@@ -73,7 +73,7 @@ def measure_split(
     """pass@1/pass@k from ``cfg.n_samples`` answers per problem at the configured temperature, and (``greedy``) the
     greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``.
     ``sampler``: the engine (`make_sampler`), None for the torch sampler."""
-    from models.evaluation import sample_and_verify, summarise
+    from models.measure import sample_and_verify, summarise
     from models.sampling import SamplingConfig
 
     sampled = SamplingConfig(
@@ -96,8 +96,8 @@ def measure_split(
 
 def greedy_results(model, tokenizer, problems, max_new_tokens: int, seed: int, verifier, out: Path, sampler=None):
     """One greedy answer per problem (temperature 0, at most `max_new_tokens` tokens), verified; the per-problem
-    `models.evaluation.ProblemResult` list, also written to `out` (JSONL)."""
-    from models.evaluation import sample_and_verify
+    `models.measure.ProblemResult` list, also written to `out` (JSONL)."""
+    from models.measure import sample_and_verify
     from models.sampling import SamplingConfig
 
     one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)

@@ -46,7 +46,7 @@ def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: Selfpla
         fraction of tests passed), ``answer_format_compliance`` (fraction of answers in the answer format).
     """
     from models.answer_format import check_format
-    from models.evaluation import sample_and_verify
+    from models.measure import sample_and_verify
     from models.sampling import SamplingConfig
     from models.selfplay import selfplay_pairs
 

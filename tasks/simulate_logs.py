@@ -489,7 +489,7 @@ def _sources(
         return cache[key]
 
     if base_answers:
-        from models.evaluation import assemble_program
+        from models.measure import assemble_program
         from models.sampling import extract_code
 
         out = []

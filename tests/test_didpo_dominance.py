@@ -14,7 +14,7 @@ import functools
 import numpy as np
 import pytest
 
-from models.evaluation import assemble_program
+from models.measure import assemble_program
 from models.process_reward import (
     ProcessRewardConfig,
     did_rewards,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from models.evaluation import ProblemResult
+from models.measure import ProblemResult
 from tasks.config import KS, ConfigError, EvaluateConfig, parse_params
 from tasks.evaluate import (
     answer_metrics,

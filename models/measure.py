@@ -1,5 +1,9 @@
 """Sample answers, run them in the sandbox, estimate pass@k: the measurement shared by baseline, gate and evaluate.
 
+One name for one concept: measuring a checkpoint on problems is ``measure`` in both layers (this module, and
+`tasks.measure` for the stages' side: loading, the engine, writing results); ``evaluate`` is the stage that
+measures every checkpoint under the evaluation protocol (`tasks.evaluate`).
+
 Source: Chen et al. 2021, "Evaluating Large Language Models Trained on Code", §2.1 (unbiased pass@k from n ≥ k
 samples with c correct).
 """
