@@ -19,13 +19,6 @@ from flows.env import PREFECT_UI, setup_environment
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
-def _stages() -> list[str]:
-    """dvc.yaml's stages in DVC's order (`flows.pipeline.stage_order`); each runs the flow ``flows/<name>.py:run``."""
-    from flows.pipeline import stage_order
-
-    return stage_order()
-
-
 def run_stage_flow(name: str, params: str):
     """Run stage `name`'s flow (``flows/<name>.py:run``) with ``params_path=params``; returns its result.
 
@@ -108,7 +101,7 @@ def run(
 ) -> None:
     """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API."""
     setup_environment()
-    from flows.pipeline import StageFailed, pipeline
+    from flows.pipeline import StageFailed, pipeline, stage_order
     from tasks.config import ConfigError, load_params
 
     try:
@@ -127,7 +120,7 @@ def run(
         )
         raise typer.Exit(2)
     selected = [s.strip() for s in stages.split(",") if s.strip()] or None
-    known = _stages()
+    known = stage_order()  # dvc.yaml's stages, read by DVC
     unknown = [s for s in selected or () if s not in known]
     if unknown:
         typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(known)}", fg="red", err=True)
@@ -157,11 +150,12 @@ def stage(
 ) -> None:
     """Run one stage's Prefect flow (this is each dvc.yaml stage's ``cmd``)."""
     setup_environment()
-    known = _stages()
+    from flows.pipeline import record_stage_seconds, stage_order
+
+    known = stage_order()  # dvc.yaml's stages, read by DVC
     if name not in known:
         typer.secho(f"unknown stage '{name}'; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
-    from flows.pipeline import record_stage_seconds
     from tasks.config import ConfigError, load_params
     from tasks.gate import GateFailed
     from tasks.validate import ValidationFailed
