@@ -13,9 +13,10 @@ per-problem pass@1 for the paired tests.
 
 pass@k (k ≤ n/2), the process metrics, format compliance and unsafe-code rate per checkpoint and split
 (tasks/evaluate.py lists the keys); the pass@1 change between consecutive checkpoints with its one-sided paired
-sign-flip p, interval and MDE (data/evaluate/deltas.json); a Markdown comparison table, pass@k plots (DVC plot JSON
-per split + one PNG) and the training curves of each training stage whose history file exists. Everything is logged
-to the stage's MLflow run.
+sign-flip p, interval and MDE (data/evaluate/deltas.json); the RL checkpoint's claim against the DPO checkpoint it
+started from (data/evaluate/rl_claim.json: n, test, p, interval, MDE, verdict); a Markdown comparison table, pass@k
+plots (DVC plot JSON per split + one PNG) and the training curves of each training stage whose history file exists.
+Everything is logged to the stage's MLflow run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from flows.paths import (
     EVAL_PER_PROBLEM,
     EVAL_PROTOCOL,
     EVAL_REPORT,
+    EVAL_RL_CLAIM,
     EVAL_SAMPLES,
     EVALUATE,
     HISTORIES,
@@ -56,6 +58,7 @@ from tasks.evaluate import (
     protocol_record,
     read_history,
     resolve_engine,
+    rl_claim,
     select_problems,
 )
 from tasks.io import write_json, write_lines
@@ -79,6 +82,24 @@ def evaluate_headline(metrics: dict, deltas: dict) -> dict:
                     if key in d:
                         out[f"{pair.removeprefix('base_to_')}_vs_base.{split}.{key}"] = d[key]
     return out
+
+
+def rl_claim_record(per_problem: dict, families: dict, protocol: dict, params) -> dict:
+    """`tasks.evaluate.rl_claim` of this run (RL against the DPO checkpoint it started from, on val), or
+    ``{"verdict": "not measured", "reason": ...}`` when ``evaluate.checkpoints`` leaves one of them out."""
+    if not all(per_problem.get(name, {}).get("val") for name in ("dpo", "didpo")):
+        return {"verdict": "not measured", "reason": "evaluate.checkpoints does not measure both dpo and didpo on val"}
+    commit, dirty = tracking.git_commit()
+    return rl_claim(
+        per_problem["dpo"]["val"],
+        per_problem["didpo"]["val"],
+        protocol,
+        params.didpo.algo,
+        params.register.alpha,
+        clusters=families.get("val"),
+        start="dpo",
+        commit=commit + ("-dirty" if dirty else ""),
+    )
 
 
 def selection_prefix(params) -> int:
@@ -130,6 +151,7 @@ def run(params_path: str = "params.yaml") -> dict:
         }
         write_json(metrics, EVAL_METRICS)
         write_json(deltas, EVAL_DELTAS)
+        write_json(rl_claim_record(pipeline, families, protocol, params), EVAL_RL_CLAIM)
         write_json(evaluate_headline(metrics, deltas), EVAL_HEADLINE)
         write_json(protocol, EVAL_PROTOCOL)
         write_json(
@@ -150,6 +172,7 @@ def run(params_path: str = "params.yaml") -> dict:
             EVAL_PROTOCOL,
             EVAL_PER_PROBLEM,
             EVAL_REPORT,
+            EVAL_RL_CLAIM,
             *(EVALUATE / f"passk_{s}.json" for s in SPLITS),
             artifact_path="evaluate",
         )

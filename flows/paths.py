@@ -80,6 +80,7 @@ EVAL_PROTOCOL = EVALUATE / "protocol.json"
 EVAL_PER_PROBLEM = EVALUATE / "per_problem.json"
 EVAL_REPORT = EVALUATE / "report.md"
 EVAL_HEADLINE = EVALUATE / "headline.json"  # the DVC metric: pass@1 of every checkpoint and split, and Δ against base
+EVAL_RL_CLAIM = EVALUATE / "rl_claim.json"  # the RL checkpoint against its start (issue 18), verdict included
 EVAL_SAMPLES = EVALUATE / "samples"
 EVAL_FIGURES = EVALUATE / "figures"
 

@@ -738,6 +738,7 @@ def ppo_update(
     autocast=None,
     policy: bool = True,
     dp=None,
+    trainer=None,
 ) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rollouts, one
     optimizer step each; stops as soon as a minibatch's approx_kl exceeds ``cfg.target_kl`` (> 0).
@@ -745,9 +746,10 @@ def ppo_update(
     Data parallel (`dp` with world_size N > 1): every process holds the whole `batch` and the same generator, so
     all draw the same order; a global minibatch is N × ``cfg.minibatch_size`` rollouts (minibatch_size is per
     process), each process runs forward/backward on its slice with `ppo_losses`'s ``scale`` (its share of the
-    minibatch's tokens and sequences), and the gradients and stats are summed over the processes before clipping
-    and the optimizer step: the gradient, the update and the target-KL decision are the single-process ones over
-    the global minibatch.
+    minibatch's tokens and sequences) through `trainer` (the DDP-wrapped `policy_and_value`), DDP averages the
+    gradients (the loss is scaled by ``dp.loss_scale``, so the average is their sum) and the stats are summed over
+    the processes before clipping and the optimizer step: the gradient, the update and the target-KL decision are
+    the single-process ones over the global minibatch.
 
     Args:
         model: the policy (train mode is set for the call and restored).
@@ -759,6 +761,7 @@ def ppo_update(
         autocast: a bf16 autocast factory or None.
         policy: False = critic warm-up (value loss only, the backbone without gradients).
         dp: a `models.distributed.DataParallel`, or None (one process).
+        trainer: with ``dp.world_size`` > 1, ``dp.wrap(policy_and_value(model, value_head))``.
 
     Returns:
         the minibatch-mean of every `ppo_losses` stat, plus ``updates`` (optimizer steps done) and
@@ -787,8 +790,7 @@ def ppo_update(
                     loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
                     loss.backward()
                 else:
-                    stats = _data_parallel_backward(model, value_head, batch, index, cfg, autocast, policy, dp)
-                    dp.all_reduce_gradients(params)
+                    stats = _data_parallel_backward(trainer, value_head, batch, index, cfg, autocast, policy, dp)
                 stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
                 optimizer.step()
                 updates += 1
@@ -805,21 +807,42 @@ def ppo_update(
     return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates)}
 
 
-def _data_parallel_backward(model, value_head, batch, index, cfg: DiDPOConfig, autocast, policy: bool, dp):
-    """Backward of this process's slice of the global minibatch `index` (rows of `batch`), scaled by its share of the
-    minibatch's tokens and sequences; returns the minibatch's stats summed over the processes (= the global ones).
-    A process whose slice is empty only takes part in the sums (its gradients count as zeros)."""
+def policy_and_value(model, value_head):
+    """The policy and its value head (or None) as one ``torch.nn.Module`` whose forward is `policy_forward`, so that
+    one DDP wrapper averages the gradients of both (`models.distributed.DataParallel.wrap`)."""
+    import torch
+
+    class PolicyAndValue(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.value_head = model, value_head
+
+        def forward(self, minibatch, autocast, backbone_grad: bool, temperature: float):
+            return policy_forward(
+                self.model, minibatch, self.value_head, autocast, backbone_grad=backbone_grad, temperature=temperature
+            )
+
+    return PolicyAndValue()
+
+
+def _data_parallel_backward(trainer, value_head, batch, index, cfg: DiDPOConfig, autocast, policy: bool, dp):
+    """Backward of this process's slice of the global minibatch `index` (rows of `batch`) through `trainer` (the
+    DDP-wrapped `policy_and_value`), scaled by its share of the minibatch's tokens and sequences and by
+    ``dp.loss_scale`` (DDP averages over the processes); returns the minibatch's stats summed over the processes
+    (= the global ones). A process whose slice is empty runs the first row with its loss × 0: DDP needs every
+    process in every backward, and its gradients then count as zeros."""
     mine = dp.shard(index)
-    stats: dict[str, float] = {}
-    if len(mine):
-        minibatch = {k: v[mine] for k, v in batch.items()}
-        share_tokens = float(minibatch["completion_mask"].sum() / batch["completion_mask"][index].sum().clamp(min=1.0))
-        scale = (share_tokens, len(mine) / len(index))
-        logps, logits, values = policy_forward(
-            model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
-        )
-        loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, scale)
-        loss.backward()
+    empty = len(mine) == 0
+    if empty:
+        mine = index[:1]
+    minibatch = {k: v[mine] for k, v in batch.items()}
+    share_tokens = float(minibatch["completion_mask"].sum() / batch["completion_mask"][index].sum().clamp(min=1.0))
+    scale = (share_tokens, len(mine) / len(index))
+    logps, logits, values = trainer(minibatch, autocast, policy, cfg.temperature)
+    loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, scale)
+    (loss * (0.0 if empty else dp.loss_scale)).backward()
+    if empty:
+        stats = {}
     keys = ["pg_loss", "entropy", "approx_kl", "clip_frac/low", "clip_frac/high", "ratio_mean"] if policy else []
     if cfg.algo == "rft":
         keys = ["pg_loss", "entropy"]
@@ -1070,7 +1093,8 @@ def train_didpo(
         value_head = ValueHead(model.config.hidden_size).to(device)
         groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
     params = [p for g in groups for p in g["params"]]
-    dp.broadcast_parameters(params)
+    # DDP over the processes (rank 0's parameters broadcast to all); None in one process
+    trainer = dp.wrap(policy_and_value(model, value_head)) if dp.world_size > 1 else None
     optimizer = torch.optim.AdamW(groups)
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
     normaliser = RunningMeanStd() if cfg.normalize_rewards else None
@@ -1225,7 +1249,7 @@ def train_didpo(
                     batch["ref_per_token_logps"] = ref_logps
             warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
             stats = ppo_update(
-                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, not warmup, dp
+                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, not warmup, dp, trainer
             )
             metrics.update({f"didpo/{k}": v for k, v in stats.items()})
         step += 1

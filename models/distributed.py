@@ -1,28 +1,36 @@
-"""Data parallelism for the training loops: N processes, each on its shard of the global batch, gradients summed.
+"""Data parallelism for the training loops through Hugging Face Accelerate: N processes, each on its shard of the
+global batch, gradients averaged by PyTorch's DistributedDataParallel (bucketed, overlapped with the backward).
 
 Started by ``accelerate launch`` (or ``torchrun``), which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT``; `data_parallel` then joins the process group (gloo on CPU, nccl on CUDA).
-Without them (``WORLD_SIZE`` unset or 1) it returns a single-process object whose methods do nothing, and
-torch.distributed is never touched: one process behaves exactly as before.
+``MASTER_ADDR`` and ``MASTER_PORT``; `data_parallel` then builds the process's ``accelerate.Accelerator`` (gloo on
+CPU, nccl on CUDA). Without them (``WORLD_SIZE`` unset or 1) it returns a one-process object whose methods do
+nothing and whose `wrap` returns the module itself: one process behaves exactly as before.
 
-Why plain ``torch.distributed`` collectives rather than wrapping the model in DDP (``Accelerator.prepare``): the loops
-call peft's ``disable_adapter()`` for the reference, the sampler's own KV-cached decoding and ``merge_and_unload`` on
-export, none of which go through a DDP wrapper; and the loss normalisers below need the *global* counts, which the
-loops know before the backward pass. So each rank divides its summed loss by the global normaliser, and
-`all_reduce_gradients` sums the gradients once per optimizer step: the sum over ranks is then exactly the gradient of
-the single-process loss over the whole batch (up to float32 summation order).
+How the loops use it: the module that takes gradients is wrapped once (`DataParallel.wrap`, Accelerate's
+``prepare_model``: DDP, which also broadcasts rank 0's parameters); the training forward goes through the wrapper,
+everything else (peft's ``disable_adapter()`` for the reference, the sampler's KV-cached decoding, evaluation,
+``merge_and_unload`` on export, checkpoints) uses the unwrapped module, which shares its parameters. The loss
+normalisers are the *global* counts, which the loops know before the backward pass: each rank divides its summed
+loss by the global normaliser and multiplies it by `DataParallel.loss_scale` (N), so DDP's mean over ranks is the
+single-process gradient of the whole batch (up to float32 summation order). Micro-batches before the last of an
+accumulated step run under `DataParallel.no_sync` (one all-reduce per optimizer step).
 
 Note: `accelerate launch --cpu --num_processes N` on one machine runs ONE process (accelerate 1.15's simple launcher;
 several CPU processes need an MPI hostfile); ``accelerate launch --multi_gpu --num_processes N`` spawns N processes
 through torchrun and, on a machine without CUDA (or with ``device: cpu``), they train on the CPU over gloo.
+
+Source: Accelerate, "Accelerator" and "Gradient accumulation" guides (``prepare_model``, ``no_sync``, ``reduce``,
+``gather_object``); PyTorch ``DistributedDataParallel`` (``find_unused_parameters``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -35,15 +43,23 @@ class DataParallel:
         rank: 0 … world_size − 1; rank 0 writes checkpoints, exports and rollouts and calls ``emit``.
         world_size: processes in the group (1 = no distribution at all).
         device: the torch device this process trains on (``cuda:<LOCAL_RANK>`` for CUDA under a launcher).
+        accelerator: the process's ``accelerate.Accelerator`` (None in one process).
     """
 
     rank: int = 0
     world_size: int = 1
     device: str = "cpu"
+    accelerator: Any = None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def loss_scale(self) -> int:
+        """The factor on each rank's loss (already divided by the global normaliser) that turns DDP's mean of the
+        gradients over ranks into their sum: ``world_size``."""
+        return self.world_size
 
     def shard(self, items: Sequence[T]) -> Sequence[T]:
         """This rank's contiguous slice of `items` (a list or a 1-D tensor): sizes differ by at most one, the first
@@ -53,23 +69,19 @@ class DataParallel:
         start = self.rank * base + min(self.rank, extra)
         return items[start : start + base + (self.rank < extra)]
 
-    def all_reduce_gradients(self, params: Sequence) -> None:
-        """Sum every parameter's gradient over the ranks, in place (a missing gradient counts as zeros: a rank whose
-        shard was empty still takes part). One flat all-reduce per call."""
+    def wrap(self, module):
+        """`module` ready for data-parallel training: Accelerate's ``prepare_model`` (DDP over the group, rank 0's
+        parameters broadcast to all) when there are several processes; the module itself in one."""
         if self.world_size == 1:
-            return
-        import torch
-        import torch.distributed as dist
+            return module
+        return self.accelerator.prepare_model(module)
 
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
+    def no_sync(self, wrapped, last: bool):
+        """A context for one micro-batch's backward: gradients are only accumulated locally unless it is the `last`
+        micro-batch of the optimizer step (then DDP all-reduces them)."""
+        if self.world_size == 1 or last:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(wrapped)
 
     def sum(self, value: float) -> float:
         """``value`` summed over the ranks (float64)."""
@@ -82,42 +94,37 @@ class DataParallel:
         if self.world_size == 1:
             return values
         import torch
-        import torch.distributed as dist
 
         keys = sorted(values)
-        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(flat)
+        flat = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        flat = self.accelerator.reduce(flat, reduction="sum")
         return dict(zip(keys, flat.tolist(), strict=True))
 
     def gather(self, items: list) -> list:
         """Every rank's `items` (picklable objects), concatenated in rank order, on every rank."""
         if self.world_size == 1:
             return list(items)
-        import torch.distributed as dist
+        from accelerate.utils import gather_object
 
-        out: list = [None] * self.world_size
-        dist.all_gather_object(out, list(items))
-        return [x for part in out for x in part]
-
-    def broadcast_parameters(self, params: Sequence) -> None:
-        """Copy rank 0's parameter values to every rank (the same seed already gives the same initialisation;
-        this makes it a guarantee)."""
-        if self.world_size == 1:
-            return
-        import torch.distributed as dist
-
-        for p in params:
-            dist.broadcast(p.data, src=0)
+        return list(gather_object(list(items)))
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as dist
+            self.accelerator.wait_for_everyone()
 
-            dist.barrier()
 
-    @property
-    def _comm_device(self) -> str:
-        return self.device if self.device.startswith("cuda") else "cpu"
+@functools.cache
+def _accelerator(cpu: bool):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # mixed precision stays the loops' own (models.training.autocast_factory); an RL step may leave the policy's
+    # adapters without gradient (critic warm-up), so DDP looks for unused parameters.
+    return Accelerator(
+        cpu=cpu,
+        mixed_precision="no",
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
 
 
 def data_parallel(device: str) -> DataParallel:
@@ -128,7 +135,8 @@ def data_parallel(device: str) -> DataParallel:
             ``cuda:<LOCAL_RANK>`` and the backend nccl; otherwise the backend is gloo.
 
     Returns:
-        a `DataParallel`; ``world_size`` 1 (and torch.distributed untouched) when ``WORLD_SIZE`` is unset or 1.
+        a `DataParallel`; ``world_size`` 1 (and neither Accelerate nor torch.distributed touched) when
+        ``WORLD_SIZE`` is unset or 1.
 
     Raises:
         ValueError: ``WORLD_SIZE`` > 1 but ``RANK`` is missing (not started by a launcher).
@@ -138,14 +146,5 @@ def data_parallel(device: str) -> DataParallel:
         return DataParallel(0, 1, device)
     if "RANK" not in os.environ:
         raise ValueError("WORLD_SIZE > 1 but RANK is unset: start the run with `accelerate launch` or `torchrun`")
-    import torch
-    import torch.distributed as dist
-
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "cuda":
-        device = f"cuda:{local_rank}"
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    return DataParallel(rank, world_size, device)
+    accelerator = _accelerator(cpu=not device.startswith("cuda"))
+    return DataParallel(accelerator.process_index, accelerator.num_processes, str(accelerator.device), accelerator)

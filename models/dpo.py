@@ -686,7 +686,7 @@ def train_dpo(
     cap = math.ceil(MAX_EPOCHS * len(train) / per_step)
     total_steps = min(cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step), cap)
     optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
-    dp.broadcast_parameters(params)
+    trainer = dp.wrap(model)  # DDP over the processes (the model itself in one): the training forward only
     scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
     generators = {"data": order.generator}
@@ -756,20 +756,21 @@ def train_dpo(
         # Every rank draws the same global micro-batches from the same order and keeps its slice of each.
         index = [list(dp.shard(order.take(cfg.batch_size * dp.world_size))) for _ in range(cfg.grad_accum_steps)]
         stats = [], [], [], [], [], []  # chosen, rejected logps, their token counts, ref chosen, ref rejected
-        for micro in index:
+        for m, micro in enumerate(index):
             batch = {k: v.to(device) for k, v in collate_pairs([train[i] for i in micro], pad_id).items()}
-            with autocast() if autocast else contextlib.nullcontext():
-                logps, n_tokens = sequence_logps(model, batch, logits_mask)
-            chosen, rejected = logps.split(len(micro))  # (B,) each
-            n_chosen, n_rejected = n_tokens.split(len(micro))
-            ref_chosen, ref_rejected = train_ref_chosen[micro].to(device), train_ref_rejected[micro].to(device)
-            losses, _, _ = preference_losses(cfg, chosen, rejected, ref_chosen, ref_rejected, n_chosen, n_rejected)
-            (losses.sum() / per_step).backward()  # the mean over every pair of the accumulated batch
+            with dp.no_sync(trainer, last=m == len(index) - 1):
+                with autocast() if autocast else contextlib.nullcontext():
+                    logps, n_tokens = sequence_logps(trainer, batch, logits_mask)
+                chosen, rejected = logps.split(len(micro))  # (B,) each
+                n_chosen, n_rejected = n_tokens.split(len(micro))
+                ref_chosen, ref_rejected = train_ref_chosen[micro].to(device), train_ref_rejected[micro].to(device)
+                losses, _, _ = preference_losses(cfg, chosen, rejected, ref_chosen, ref_rejected, n_chosen, n_rejected)
+                # the mean over every pair of the accumulated global batch (DDP averages: × loss_scale)
+                (losses.sum() / per_step * dp.loss_scale).backward()
             for acc, value in zip(
                 stats, (chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected), strict=True
             ):
                 acc.append(value.detach().cpu())
-        dp.all_reduce_gradients(params)  # Σ over ranks of Σ_local/per_step = the single-process gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()

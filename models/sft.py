@@ -409,7 +409,7 @@ def train_sft(
     model.to(device)
     model.train()
     optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
-    dp.broadcast_parameters(params)
+    trainer = dp.wrap(model)  # DDP over the processes (the model itself in one): the training forward only
     scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
     generators = {"data": order.generator}
@@ -462,13 +462,15 @@ def train_sft(
         n_answer = int(dp.sum(sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)))
         n_input = int(dp.sum(sum(len(ex["input_ids"]) for chunk in chunks for ex in chunk)))  # padding excluded
         total_nll = 0.0
-        for batch in micro:
+        for i, batch in enumerate(micro):
             batch = {k: v.to(device) for k, v in batch.items()}
-            with autocast() if autocast else contextlib.nullcontext():
-                nll, _ = answer_nll(model, batch, logits_mask)
-            (nll / n_answer).backward()
+            with dp.no_sync(trainer, last=i == len(micro) - 1):
+                with autocast() if autocast else contextlib.nullcontext():
+                    nll, _ = answer_nll(trainer, batch, logits_mask)
+                # DDP averages over ranks: × loss_scale makes it Σ over ranks of nll_local / n_answer_global, the
+                # single-process gradient
+                (nll / n_answer * dp.loss_scale).backward()
             total_nll += nll.item()
-        dp.all_reduce_gradients(params)  # Σ over ranks of nll_local / n_answer_global = the single-process gradient
         total_nll = dp.sum(total_nll)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]

@@ -337,6 +337,73 @@ def pass1_deltas(
     return out
 
 
+def rl_claim(
+    start_scores: Sequence[float],
+    rl_scores: Sequence[float],
+    protocol: dict,
+    algo: str,
+    alpha: float,
+    clusters: Sequence[str] | None = None,
+    start: str = "dpo",
+    commit: str = "",
+) -> dict:
+    """The RL stage's claim (issue 18): the RL checkpoint against the checkpoint RL started from, on the protocol's
+    val problems (every val problem the gate, SFT and DPO do not use), same problems and seeds: the one-sided paired
+    test of the promotion rule (`models.significance.paired_test`) that RL is better, and the mirrored test that it
+    is worse.
+
+    Args:
+        start_scores, rl_scores: per-problem val pass@1 of the start and the RL checkpoint (same problems, same order).
+        protocol: the `protocol_record` (answers per problem, seed, engine, id).
+        algo: ``didpo.algo`` (didpo, grpo, dapo or rft: the stage is "didpo" whatever the algorithm).
+        alpha: the pre-registered level (``register.alpha``).
+        clusters: the family of each problem (the cluster check).
+        start: the name of the checkpoint the RL stage started from (the DPO stage's export).
+        commit: the git commit of the code that ran.
+
+    Returns:
+        ``{"algo", "start_checkpoint", "split", "n_problems", "samples_per_problem", "seed", "protocol", "engine",
+        "delta", "interval", "confidence", "p_value", "p_worse", "method", "mde", "n_discordant", "cluster_p",
+        "alpha", "verdict", "commit"}``; verdict "better" (p_value < alpha and delta > 0), "worse" (p_worse < alpha
+        and delta < 0) or "no change detected".
+
+    Raises:
+        ValueError: the score lists differ in length or are empty (`paired_test`).
+    """
+    from models.significance import paired_test
+
+    better = paired_test(start_scores, rl_scores, clusters=clusters, seed=protocol["seed"])
+    worse = paired_test(rl_scores, start_scores, seed=protocol["seed"])
+    if better.p_value < alpha and better.effect > 0:
+        verdict = "better"
+    elif worse.p_value < alpha and better.effect < 0:
+        verdict = "worse"
+    else:
+        verdict = "no change detected"
+    return {
+        "algo": algo,
+        "start_checkpoint": start,
+        "split": "val",
+        "n_problems": better.n,
+        "samples_per_problem": protocol["n_samples"],
+        "seed": protocol["seed"],
+        "protocol": protocol["id"],
+        "engine": f"{protocol['engine']}/{protocol['precision']}",
+        "delta": better.effect,
+        "interval": [better.low, better.high],
+        "confidence": better.confidence,
+        "p_value": better.p_value,
+        "p_worse": worse.p_value,
+        "method": better.method,
+        "mde": better.mde if better.mde == better.mde else None,  # NaN below 2 problems
+        "n_discordant": better.n_discordant,
+        "cluster_p": better.cluster_p,
+        "alpha": alpha,
+        "verdict": verdict,
+        "commit": commit,
+    }
+
+
 def deltas_markdown(deltas: dict) -> str:
     """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, p, MDE, problems)."""
     out = [

@@ -248,3 +248,28 @@ def test_external_change_against_base_by_hand():
     assert (change["p_worse"], change["p_better"]) == (0.25, 1.0)
     with pytest.raises(ValueError, match="same non-empty problems"):
         external_change([1, 0], [1])
+
+
+def test_the_rl_claim_compares_rl_with_its_start_on_val():
+    from tasks.evaluate import rl_claim
+
+    protocol = {"n_samples": 4, "seed": 0, "id": "abc", "engine": "torch", "precision": "f32"}
+    dpo = [0.25, 0.25, 0.5, 0.75, 0.25, 0.5, 0.5, 0.25]
+
+    def claim(didpo):
+        return rl_claim(dpo, didpo, protocol, "didpo", 0.05, commit="c0ffee")
+
+    # every one of the 8 problems gains 0.25: the exact sign-flip p is 1/2**8 (only the observed pattern is as large)
+    better = claim([x + 0.25 for x in dpo])
+    assert (better["verdict"], better["p_value"], better["n_problems"]) == ("better", 1 / 256, 8)
+    assert better["delta"] == pytest.approx(0.25) and better["samples_per_problem"] == 4
+    assert better["engine"] == "torch/f32" and better["commit"] == "c0ffee" and better["start_checkpoint"] == "dpo"
+    # every problem loses 0.25: the mirrored test's p is 1/256, and "better" holds in every sign pattern
+    worse = claim([x - 0.25 for x in dpo])
+    assert (worse["verdict"], worse["p_worse"], worse["p_value"]) == ("worse", 1 / 256, 1.0)
+    # one gain and one loss of the same size: no change detected either way
+    mixed = claim([0.5, 0.0, *dpo[2:]])
+    assert (mixed["verdict"], mixed["delta"], mixed["n_discordant"]) == ("no change detected", 0.0, 2)
+    assert mixed["p_value"] == 0.75 and mixed["p_worse"] == 0.75  # patterns of the two changes with sum >= 0: 3 of 4
+    with pytest.raises(ValueError):
+        rl_claim(dpo, dpo[:3], protocol, "didpo", 0.05)
