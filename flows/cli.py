@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import subprocess
@@ -27,8 +28,6 @@ def run_stage_flow(name: str, params: str):
     ``run_deployment(as_subflow=True)`` do), then run by Prefect's engine (``prefect.flow_engine.run_flow``); alone
     (a bare ``dvc repro`` or ``didpo stage``) it is a top-level flow run.
     """
-    import importlib
-
     from flows.pipeline import PARENT_TASK_RUN_ENV
 
     stage_flow = importlib.import_module(f"flows.{name}").run
@@ -44,6 +43,55 @@ def run_stage_flow(name: str, params: str):
     with get_client(sync_client=True) as client:
         flow_run = client.create_flow_run(stage_flow, parameters=parameters, parent_task_run_id=UUID(parent))
     return run_flow(stage_flow, flow_run=flow_run, parameters=parameters)
+
+
+LAUNCHED_STAGES = ("sft", "dpo", "didpo")  # the training stages: data parallel under ``launch.num_processes`` > 1
+
+
+def launch_command(name: str, params: Path, num_processes: int) -> list[str]:
+    """The ``accelerate launch`` command that runs ``didpo stage <name>`` in `num_processes` data-parallel
+    processes on this machine (torchrun underneath: one per GPU on CUDA, gloo processes on a CPU-only machine).
+    Every launch option is given, so no accelerate config file is read; ``--multi_gpu`` is accelerate's name for
+    "torchrun with N processes" (its ``--cpu`` launcher would start one process)."""
+    import socket
+
+    with socket.socket() as s:  # a free port for the process group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+        "-m",
+        "flows.cli",
+        "stage",
+        name,
+        "--params",
+        str(params),
+    ]
+
+
+def _run_launcher(command: list[str]) -> int:
+    """Run the launcher and return its exit code; interrupted (Ctrl-C, SIGTERM), it gets a SIGTERM, which torchrun
+    passes on to its workers, and is waited for (a killed launcher would leave its workers running)."""
+    process = subprocess.Popen(command)
+    try:
+        return process.wait()
+    except BaseException:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+        raise
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -161,7 +209,15 @@ def stage(
     from tasks.validate import ValidationFailed
 
     try:
-        load_params(params)  # a bad params.yaml stops here, before any flow run or server starts
+        launch = load_params(params).launch  # a bad params.yaml stops here, before any flow run or server starts
+        if name in LAUNCHED_STAGES and int(os.environ.get("RANK", "0")) > 0:
+            importlib.import_module(f"flows.{name}").worker(str(params))  # a rank > 0: training only
+            return
+        if name in LAUNCHED_STAGES and launch.num_processes > 1 and "RANK" not in os.environ:
+            code = _run_launcher(launch_command(name, params, launch.num_processes))
+            if code:
+                raise typer.Exit(code)
+            return
         started = time.monotonic()
         with _prefect_api():  # under `didpo run` its API; under a bare `dvc repro` a server of its own
             run_stage_flow(name, str(params))

@@ -60,3 +60,22 @@ def run(params_path: str = "params.yaml") -> dict:
         write_history(history, DIDPO_HISTORY)
         tracking.log_artifacts(DIDPO_METRICS, DIDPO_HISTORY, DIDPO_ROLLOUTS, DIDPO_POOL, artifact_path="didpo")
     return metrics
+
+
+def worker(params_path: str = "params.yaml") -> None:
+    """A rank > 0 of the stage under ``accelerate launch`` (``launch.num_processes`` > 1): the training alone, on the
+    inputs `run` gives it (rank 0 runs `run`: Prefect, MLflow and the DVC outputs); its verifier checks its share
+    of every step's programs."""
+    params = load_params(params_path)
+    problems = read_problems(VALID_PROBLEMS, "train")
+    with make_verifier(params.verifier) as verifier:
+        run_didpo.fn(
+            CHECKPOINTS["dpo"],
+            params.base_model.dtype,
+            problems,
+            params.didpo,
+            verifier,
+            DIDPO_CHECKPOINT,
+            DIDPO_ROLLOUTS,
+            DIDPO_POOL,
+        )

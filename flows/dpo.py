@@ -55,3 +55,13 @@ def run(params_path: str = "params.yaml") -> dict:
         tracking.log_artifacts(DPO_METRICS, DPO_HISTORY, artifact_path="dpo")
         tracking.mlflow_emit(logged, step=metrics["global_step"])
     return metrics
+
+
+def worker(params_path: str = "params.yaml") -> None:
+    """A rank > 0 of the stage under ``accelerate launch`` (``launch.num_processes`` > 1): the training alone, on the
+    inputs `run` gives it (rank 0 runs `run`: the smoke checks, Prefect, MLflow and the DVC outputs)."""
+    params = load_params(params_path)
+    reference = SFT_CHECKPOINT / "merged"
+    expected, _ = expected_reference_hash(SFT_METRICS, reference)
+    train, held_out = training_pairs(SELFPLAY_PAIRS, params.dpo)
+    run_dpo.fn(reference, expected, params.base_model.dtype, train, held_out, params.dpo, DPO_CHECKPOINT)

@@ -36,3 +36,12 @@ def run(params_path: str = "params.yaml") -> dict:
         write_history(history, SFT_HISTORY)
         tracking.log_artifacts(SFT_METRICS, SFT_HISTORY, artifact_path="sft")
     return metrics
+
+
+def worker(params_path: str = "params.yaml") -> None:
+    """A rank > 0 of the stage under ``accelerate launch`` (``launch.num_processes`` > 1): the training alone, on the
+    inputs `run` gives it (rank 0 runs `run`: Prefect, MLflow and the DVC outputs)."""
+    params = load_params(params_path)
+    train = read_problems(VALID_PROBLEMS, "train")
+    held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
+    run_sft.fn(BASE_CHECKPOINT, params.base_model.dtype, train, held_out, params.sft, SFT_CHECKPOINT)

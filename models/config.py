@@ -23,6 +23,7 @@ LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
 MAX_EPOCHS = 3.0
 
 # didpo
+ROLLOUT_ENGINES = ("torch", "vllm")
 ALGOS = ("didpo", "grpo", "dapo", "rft")
 CONTROLS = ("start_policy", "group", "reference")
 SHAPINGS = ("potential", "bonus")
@@ -414,6 +415,12 @@ class DiDPOConfig:
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
         mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
+        rollout_engine: "torch" (`models.sampling.sample`, the trainer's own weights) or "vllm"
+            (`models.vllm_engine`, CUDA, an extra): the trainer's weights are synced into it before every step's
+            rollouts, the old log-probs are recomputed by the trainer's forward, and the update is corrected by
+            truncated importance weights.
+        is_cap: C of the truncated importance weights min(exp(logπ_trainer − logπ_engine), C) (vllm rollouts;
+            TRL's ``vllm_importance_sampling_cap``).
 
     Raises:
         ValueError: at construction, a value out of range or two that contradict each other (the message names
@@ -464,6 +471,8 @@ class DiDPOConfig:
     checkpoint_every: int = 1
     device: str = "auto"
     mixed_precision: str = "auto"
+    rollout_engine: str = "torch"
+    is_cap: float = 2.0
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -494,6 +503,10 @@ class DiDPOConfig:
             )
         if self.lora_r < 1:
             raise ValueError(f"didpo.lora_r must be >= 1, got {self.lora_r}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"didpo.rollout_engine must be one of {ROLLOUT_ENGINES}, got {self.rollout_engine!r}")
+        if self.is_cap < 1:
+            raise ValueError(f"didpo.is_cap must be >= 1 (a cap below 1 shrinks on-policy tokens), got {self.is_cap}")
         if self.group_size < 2 and not (self.algo == "rft" or self.uses_critic):
             raise ValueError(f"didpo.group_size must be >= 2 for {self.algo} (a group's std needs two samples)")
         non_negative = (

@@ -183,6 +183,7 @@ def collect_rollouts(
     draw: int = 0,
     n: int | None = None,
     with_phi: bool | None = None,
+    engine=None,
 ) -> list[list[Rollout]]:
     """Sample `n` (default ``cfg.group_size``) completions per problem, verify them and score their outcomes.
 
@@ -196,6 +197,8 @@ def collect_rollouts(
         draw: recorded in each rollout.
         n: samples per problem.
         with_phi: compute Φ of every prefix and the steps' end tokens (default: for didpo).
+        engine: a generation engine with `models.vllm_engine.VLLMSampler`'s ``sample(prompts, config, progress)``
+            (its weights already synced), or None: `models.sampling.sample` with `model`.
 
     Returns:
         one group (list of `Rollout`) per problem, in order.
@@ -217,7 +220,10 @@ def collect_rollouts(
         seed=seed,
     )
     prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
-    completions = sample(model, tokenizer, prompts, sampling, progress=False)
+    if engine is not None:
+        completions = engine.sample(prompts, sampling, progress=False)
+    else:
+        completions = sample(model, tokenizer, prompts, sampling, progress=False)
     jobs = [
         (assemble_program(p, c.code), p["test"], p["entry_point"])
         for p, group in zip(problems, completions, strict=True)
@@ -514,6 +520,17 @@ def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: C
 # ------------------------------------------------------------------------------------------------ advantages
 
 
+def truncated_is_weights(trainer_logps, sampler_logps, cap: float):
+    """Truncated importance weights for rollouts sampled by another engine than the trainer: per token
+    w = min(exp(logπ_trainer − logπ_sampler), cap) (TIS; TRL's ``vllm_importance_sampling_correction`` with
+    ``vllm_importance_sampling_cap``; Yao et al. 2025). Returns ``(weights, capped)``, both (B, T), capped the tokens
+    where the cap applied; padding positions hold whatever the inputs give (mask them)."""
+    import torch
+
+    ratio = torch.exp(trainer_logps - sampler_logps)
+    return ratio.clamp(max=cap), ratio > cap
+
+
 def token_reward_matrix(rollouts: Sequence[Rollout], width: int, w_did: float = 1.0) -> torch.Tensor:
     """The critic's per-token rewards (B, width) float32: w_did·F_j on each step's end token, the sequence reward on
     the last token, 0 elsewhere and on padding (`process_reward.token_rewards`)."""
@@ -649,7 +666,8 @@ def ppo_losses(
         logits: (B, T, V) float32 logits / T of the completion positions (for the entropy).
         values: (B, T) the value head's predictions (critic) or None.
         minibatch: `build_batch` tensors plus ``advantages`` (B, T), and with a critic ``old_values`` and
-            ``returns`` (B, T), and with a critic-free KL term ``ref_per_token_logps`` (B, T).
+            ``returns`` (B, T), and with a critic-free KL term ``ref_per_token_logps`` (B, T), and for rollouts of
+            another engine ``is_weights`` (B, T), the truncated importance weights (`models.rl_losses.grpo_loss`).
         cfg: coefficients, clip ranges and the algorithm.
         policy: False = critic warm-up: the value loss alone.
         scale: data parallelism: ``(token_weight, sequence_weight)`` = this process's share of the global
@@ -682,6 +700,7 @@ def ppo_losses(
             cfg.eps_low,
             cfg.clip_high,
             loss_type,
+            minibatch.get("is_weights"),
         )
         if scale is not None:
             pg_loss = agg_w * pg_loss
@@ -1007,6 +1026,7 @@ def train_didpo(
     emit: Callable[[dict, int], None] = lambda m, s: None,
     resume: bool = True,
     rollouts_path: Path | None = None,
+    engine=None,
 ) -> DiDPOResult:
     """Train `model` with ``cfg.algo`` on `problems` (see the module docstring for one step).
 
@@ -1025,6 +1045,11 @@ def train_didpo(
         resume: continue from the latest checkpoint in ``out_dir/checkpoints`` (its pool included: no new
             screen); False starts over: existing checkpoints are deleted once this run has saved its first one.
         rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
+        engine: the rollout engine (``cfg.rollout_engine`` "vllm": a `models.vllm_engine.VLLMSampler` of the
+            starting checkpoint), or None (the torch sampler). Before each step's rollouts the policy's weights are
+            loaded into it (`VLLMSampler.load_weights`); the update then takes the trainer's forward as the old
+            log-probs and weighs each token by min(exp(logπ_trainer − logπ_engine), ``cfg.is_cap``). The screen
+            samples with the torch sampler.
 
     Returns:
         an `DiDPOResult`.
@@ -1173,10 +1198,16 @@ def train_didpo(
         # ---- rollouts (dapo refills groups whose accuracy is all 0 or all 1)
         sampled, kept_flags, sample_time, draw = [], [], 0.0, 0
         want = cfg.prompts_per_step
+        sync_time = 0.0
+        if engine is not None:  # the engine samples from this step's policy
+            t0 = time.perf_counter()
+            engine.load_weights(model)
+            sync_time = time.perf_counter() - t0
         while True:
             chosen = [train_problems[i] for i in order.take(want)]
             t0 = time.perf_counter()
-            new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, sampling_seed(cfg.seed, step, draw), draw)
+            seed = sampling_seed(cfg.seed, step, draw)
+            new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, seed, draw, engine=engine)
             if cfg.algo == "didpo":
                 assign_process_rewards(new, cfg, controls)
             sample_time += time.perf_counter() - t0
@@ -1226,6 +1257,11 @@ def train_didpo(
             # drift and health, on the step's own samples before its update (DIDPO.md, "Loss": always logged)
             metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps, ref_logps), mask))
             metrics["didpo/logprob_diff"] = float(masked_mean((logps - batch["old_per_token_logps"]).abs(), mask))
+            if engine is not None:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
+                is_weights, capped = truncated_is_weights(logps, batch["old_per_token_logps"], cfg.is_cap)
+                batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
+                metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, mask))
+                metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), mask))
             if cfg.uses_critic:
                 rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
                 if cfg.kl_coef:
@@ -1254,6 +1290,8 @@ def train_didpo(
             metrics.update({f"didpo/{k}": v for k, v in stats.items()})
         step += 1
         metrics["didpo/time/rollout_s"] = sample_time
+        if engine is not None:
+            metrics["didpo/time/weight_sync_s"] = sync_time
         metrics["didpo/time/update_s"] = time.perf_counter() - update_started
         metrics["didpo/step_time_s"] = time.perf_counter() - started
         history.append({"step": step, **metrics})

@@ -113,6 +113,12 @@ class DataParallel:
             self.accelerator.wait_for_everyone()
 
 
+def is_main_process() -> bool:
+    """False in a process of rank > 0 under a launcher (``RANK`` set by torchrun / ``accelerate launch``): rank 0
+    alone writes outputs, logs and talks to the tracking and orchestration servers."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 @functools.cache
 def _accelerator(cpu: bool):
     from accelerate import Accelerator

@@ -53,6 +53,7 @@ def ppo_policy_loss(
     completion_mask: torch.Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate policy loss with clip-higher (PPO, Schulman et al. 2017, eq. 7; DAPO §3.1 decoupled
     ε_low/ε_high), token-level mean (DAPO §3.3).
@@ -65,6 +66,9 @@ def ppo_policy_loss(
         advantages: (B, T) per token, or (B,) per sequence (broadcast over its tokens).
         completion_mask: (B, T) 1 on completion tokens.
         eps_low, eps_high: clip range below / above 1.
+        is_weights: (B, T) truncated importance weights min(exp(logπ_old − logπ_sampler), C) for rollouts sampled
+            by another engine than the trainer (TRL's ``vllm_importance_sampling_correction``: the per-token loss
+            is multiplied by them before aggregation; no gradient flows through them), or None.
 
     Returns:
         ``(pg_loss, stats)``; stats: ``clip_frac/low`` (tokens with ratio < 1 − ε_low and A < 0, where the clip
@@ -91,6 +95,8 @@ def ppo_policy_loss(
     per_token_loss, ratio, log_ratio = _clipped_surrogate(
         per_token_logps, old_per_token_logps, advantages, eps_low, eps_high
     )
+    if is_weights is not None:
+        per_token_loss = per_token_loss * is_weights.detach()
     loss = masked_mean(per_token_loss, mask)
     with torch.no_grad():
         low = (ratio < 1.0 - eps_low) & (advantages < 0)
@@ -112,6 +118,7 @@ def grpo_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     loss_type: str = "dapo",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO/DAPO policy loss as TRL's ``GRPOTrainer._compute_loss`` (β = 0, one process, no gradient
     accumulation): the clipped per-token loss of `ppo_policy_loss`, aggregated by `loss_type`:
@@ -119,7 +126,7 @@ def grpo_loss(
     - "dapo": token-level, Σ over all valid tokens / number of valid tokens (DAPO §3.3);
     - "grpo": each sequence's token mean, then the mean over sequences (DeepSeekMath eq. 3).
 
-    Args: as `ppo_policy_loss`; advantages (B,) (or (B, T)).
+    Args: as `ppo_policy_loss` (``is_weights`` included); advantages (B,) (or (B, T)).
 
     Returns:
         ``(loss, stats)`` with the stats of `ppo_policy_loss`.
@@ -129,12 +136,16 @@ def grpo_loss(
     """
     if loss_type not in _LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {_LOSS_TYPES}, got {loss_type!r}")
-    loss, stats = ppo_policy_loss(per_token_logps, old_per_token_logps, advantages, completion_mask, eps_low, eps_high)
+    loss, stats = ppo_policy_loss(
+        per_token_logps, old_per_token_logps, advantages, completion_mask, eps_low, eps_high, is_weights
+    )
     if loss_type == "dapo":
         return loss, stats
     mask = completion_mask.to(per_token_logps.dtype)
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     per_token_loss, _, _ = _clipped_surrogate(per_token_logps, old_per_token_logps, adv, eps_low, eps_high)
+    if is_weights is not None:
+        per_token_loss = per_token_loss * is_weights.detach()
     per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
     return per_sequence.mean(), stats
 

@@ -449,6 +449,23 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class LaunchConfig:
+    """``launch``: how the training stages (sft, dpo, didpo) run (consumer: `flows.cli`).
+
+    num_processes: 1 runs the stage in its own process; N > 1 runs it under ``accelerate launch`` with N
+        data-parallel processes (one per GPU on CUDA, gloo processes on CPU): rank 0 runs the stage's flow (Prefect,
+        MLflow, the DVC outputs), the other ranks only train (`models.distributed`). The outputs equal a
+        one-process run's within float32 summation order, so it is not a DVC parameter of the stages.
+    """
+
+    num_processes: int = 1
+
+    def __post_init__(self):
+        if self.num_processes < 1:
+            raise ValueError(f"launch.num_processes must be >= 1, got {self.num_processes}")
+
+
+@dataclass(frozen=True)
 class Params:
     """The whole params.yaml: one attribute per section."""
 
@@ -471,6 +488,7 @@ class Params:
     evaluate: EvaluateConfig = EvaluateConfig()
     register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()
+    launch: LaunchConfig = LaunchConfig()
 
     def __post_init__(self):
         if self.didpo.max_new_tokens < self.evaluate.max_new_tokens:

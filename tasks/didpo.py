@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.config import DiDPOConfig
+from models.distributed import is_main_process
 from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
@@ -45,9 +46,11 @@ def run_didpo(
 ) -> tuple[dict, list[dict]]:
     """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
 
-    Refuses a token budget below the SFT answers' p90 length on these problems before anything runs
-    (`models.didpo.check_budget_fits_answers`). The screened prompt pool (`models.didpo.screen_prompt_pool`) is copied
-    to `pool` (a DVC out); its summary (screened, pool_size, pass rates) joins the metrics.
+    ``didpo.rollout_engine: vllm`` samples the rollouts with vLLM (`models.vllm_engine`, CUDA), its weights synced
+    from the policy before every step. Refuses a token budget below the SFT answers' p90 length on these problems
+    before anything runs (`models.didpo.check_budget_fits_answers`). The screened prompt pool
+    (`models.didpo.screen_prompt_pool`) is copied to `pool` (a DVC out); its summary (screened, pool_size, pass
+    rates) joins the metrics.
 
     A leftover resume checkpoint written with another config or other problems is discarded (a new run); a
     checkpoint of this very run is resumed. The loop appends its rollouts beside its checkpoints (``out``), which DVC
@@ -57,12 +60,21 @@ def run_didpo(
     from models.didpo import check_budget_fits_answers, train_didpo
     from models.policy import load_policy
 
+    engines: list = []  # built once (a resumed attempt that starts over reuses it)
+
     def attempt(resume: bool):
         model, tokenizer = load_policy(policy, dtype=dtype)
         check_budget_fits_answers(tokenizer, problems, cfg)
-        return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume)
+        if cfg.rollout_engine == "vllm" and not engines:
+            from models.vllm_engine import VLLMSampler
+
+            engines.append(VLLMSampler(policy, tokenizer, seed=cfg.seed))
+        engine = engines[0] if engines else None
+        return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine)
 
     result = resume_or_start_over(attempt)
+    if not is_main_process():  # a rank > 0 under `accelerate launch`: rank 0 writes the outputs
+        return {}, result.history
     copy_file(result.rollouts_path, rollouts)
     metrics = summarise_history(result.history, cfg.algo, result.global_step)
     metrics["trainable_params"] = result.trainable_params

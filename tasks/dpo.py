@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.config import DPOConfig
+from models.distributed import is_main_process
 from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
@@ -119,6 +120,8 @@ def run_dpo(
         )
 
     result = resume_or_start_over(attempt)
+    if not is_main_process():  # a rank > 0 under `accelerate launch`: rank 0 writes the outputs
+        return {}, result.history
     metrics = {
         "global_step": result.global_step,
         "best_step": result.best_step,

@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from models.checkpoint import checkpoint_hash
 from models.config import SFTConfig
+from models.distributed import is_main_process
 from models.training import resume_or_start_over
 from tasks.tracking import mlflow_emit
 
@@ -28,6 +29,8 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
         return train_sft(model, tokenizer, train, held_out, cfg, out, emit=mlflow_emit, resume=resume)
 
     result = resume_or_start_over(attempt)
+    if not is_main_process():  # a rank > 0 under `accelerate launch`: rank 0 writes the outputs
+        return {}, result.history
     metrics = {
         "global_step": result.global_step,
         "best_eval_loss": result.best_eval_loss,

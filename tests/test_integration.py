@@ -299,6 +299,9 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     per_problem = json.loads((root / "data/evaluate/per_problem.json").read_text())
     assert per_problem["protocol"] == protocol["id"] and per_problem["champion_version"] is None
     assert set(per_problem["checkpoints"]) == {"base", "sft", "dpo", "didpo"}
+    claim = json.loads((root / "data/evaluate/rl_claim.json").read_text())  # RL against the DPO checkpoint
+    assert (claim["start_checkpoint"], claim["n_problems"], claim["samples_per_problem"]) == ("dpo", len(val), 2)
+    assert claim["verdict"] == "no change detected" and claim["protocol"] == protocol["id"]  # both solve nothing
     decision = json.loads((root / "data/register/decision.json").read_text())
     # the tiny random models solve nothing: every candidate ties with the base model, the earliest (sft) is the
     # candidate, the test finds no gain, and no champion is made
@@ -387,3 +390,33 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     _, runs = mlflow_runs(root)
     resumed = [r for r in runs if r.data.tags.get("didpo.resumed") == "true"]  # one SFT run, continued
     assert [(r.data.tags["didpo.stage"], r.info.status) for r in resumed] == [("sft", "FINISHED")]
+
+
+@pytest.mark.slow
+def test_a_training_stage_under_accelerate_launch_ends_where_one_process_does(project):
+    """`didpo stage sft` with ``launch.num_processes: 2`` (two gloo processes under `accelerate launch`, 1 example
+    per process and micro-batch) writes the adapter a one-process run with 2 examples per micro-batch writes, within
+    float32 summation order (tolerance as tests/test_distributed.py); rank 0 alone writes the outputs and the MLflow
+    run."""
+    from safetensors.torch import load_file
+
+    root, env = project
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["sft"].update(
+        max_steps=2, grad_accum_steps=2, eval_every=1, checkpoint_every=1, max_seq_len=2048, mixed_precision="no"
+    )
+    adapters = {}
+    for processes, batch in ((1, 2), (2, 1)):
+        params["sft"]["batch_size"] = batch
+        params["launch"] = {"num_processes": processes}
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        before = len(mlflow_runs(root)[1])
+        result = sh([str(BIN / "didpo"), "stage", "sft"], root, env)
+        adapters[processes] = load_file(root / "data/checkpoints/sft/adapter/adapter_model.safetensors")
+        runs = mlflow_runs(root)[1]
+        assert len(runs) == before + 1, result.stdout + result.stderr  # one MLflow run, rank 0's
+        assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 2
+    one, two = adapters[1], adapters[2]
+    assert one.keys() == two.keys() and max(v.abs().max().item() for k, v in one.items() if "lora_B" in k) > 1e-4
+    for key, a in one.items():
+        assert (a - two[key]).abs().max().item() <= 1e-5 * a.abs().max().item() + 1e-6, key
