@@ -58,11 +58,13 @@ def merged_weights(model) -> Iterator[tuple[str, object]]:
 
     For a peft model, each LoRA-targeted linear yields ``W + scale·B·A`` (computed by peft's ``get_delta_weight``,
     the same merge as ``merge_and_unload``, without touching the model), other parameters their values; the
-    adapter tensors themselves are not yielded. A plain model yields its ``named_parameters``.
+    adapter tensors themselves are not yielded; a tied weight comes once. A plain model yields its
+    ``named_parameters``.
     """
     import torch
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    seen: set[int] = set()  # a tied weight (embeddings = LM head) once, under its first name, as named_parameters
     with torch.no_grad():
         for module_name, module in base.named_modules():
             adapters = getattr(module, "active_adapters", None)
@@ -76,8 +78,9 @@ def merged_weights(model) -> Iterator[tuple[str, object]]:
                     yield f"{module_name}.bias", module.base_layer.bias.detach()
                 continue
             for name, param in module.named_parameters(recurse=False):
-                if "lora_" in module_name or ".base_layer" in f".{module_name}":
-                    continue  # the adapters (merged above) and the wrapped layer's own copy
+                if "lora_" in module_name or ".base_layer" in f".{module_name}" or id(param) in seen:
+                    continue  # the adapters (merged above), the wrapped layer's own copy, a tied weight again
+                seen.add(id(param))
                 yield (f"{module_name}.{name}" if module_name else name), param.detach()
 
 

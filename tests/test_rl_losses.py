@@ -193,3 +193,53 @@ def test_grpo_loss_rejects_unknown_type():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="loss_type"):
         grpo_loss(x, x, torch.zeros(1), torch.ones(1, 2), loss_type="bnpo")
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_truncated_importance_weights_equal_trl_compute_loss(trl_trainer, loss_type, monkeypatch):
+    """TRL's vLLM importance-sampling correction in ``token_truncate`` mode (w = min(exp(old − sampling), C) per
+    token, multiplied into the per-token loss before aggregation) against ours: `truncated_is_weights` + grpo_loss's
+    ``is_weights``, same tensors on both sides."""
+    from models.didpo import truncated_is_weights
+
+    g = torch.Generator().manual_seed(2)
+    width, cap = 6, 2.0
+    lengths = [6, 3, 1, 5, 6, 2, 4, 6]
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    old = -torch.rand(BATCH, width, generator=g) * 3
+    sampling = old + torch.randn(BATCH, width, generator=g) * 0.8  # the engine's log-probs: some weights > cap
+    new = (old + torch.randn(BATCH, width, generator=g) * 0.4).detach()
+    advantages = torch.randn(BATCH, generator=g)
+    weights, capped = truncated_is_weights(old, sampling, cap)
+    assert 0 < float((capped * mask).sum()) < float(mask.sum())  # the cap binds on some tokens, not all
+
+    trl_logps = new.clone().requires_grad_()
+    monkeypatch.setattr(
+        trl_trainer,
+        "_get_per_token_logps_and_entropies",
+        lambda *a, **k: (trl_logps, torch.zeros(BATCH, width), None),
+    )
+    monkeypatch.setattr(trl_trainer, "loss_type", loss_type)
+    monkeypatch.setattr(trl_trainer, "use_vllm", True)
+    monkeypatch.setattr(trl_trainer, "vllm_importance_sampling_correction", True)
+    trl_trainer.model.eval()
+    # TRL's ratio (its `_generate_and_score_completions`, mode token_truncate, clip_max = cap), masked as TRL does
+    trl_ratio = torch.clamp(torch.exp((old - sampling) * mask), max=cap)
+    inputs = {
+        "prompt_ids": torch.ones(BATCH, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(BATCH, 2, dtype=torch.long),
+        "completion_ids": torch.ones(BATCH, width, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "importance_sampling_ratio": trl_ratio,
+        "num_items_in_batch": mask.sum(),
+    }
+    trl_loss = trl_trainer._compute_loss(trl_trainer.model, inputs)
+    trl_loss.backward()
+
+    ours_logps = new.clone().requires_grad_()
+    loss, _ = grpo_loss(ours_logps, old, advantages, mask, 0.2, 0.28, loss_type, is_weights=weights * mask)
+    loss.backward()
+    torch.testing.assert_close(loss, trl_loss.detach())
+    torch.testing.assert_close(ours_logps.grad, trl_logps.grad)
