@@ -26,7 +26,7 @@ from models.config import DiDPOConfig, DPOConfig, SelfplayConfig, SFTConfig
 from tasks.problem_families import FAMILIES
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
-ENGINES = ("openvino", "torch")
+ENGINES = ("openvino", "torch", "vllm")
 PRECISIONS = ("f32", "bf16")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KS = (1, 2, 5, 10, 16)  # the k of pass@k the evaluate stage can report
@@ -336,7 +336,8 @@ class EvaluateConfig:
             "did RL help?" measures ``[dpo, didpo]`` and halves the stage's time.
         engine: ``openvino`` (OpenVINO GenAI, `models.openvino_engine`: each checkpoint exported once, ≈ 3× our
             sampler's tokens/s on 2 cores) or ``torch`` (`models.sampling.sample`); without the export environment
-            (``make export-env``) the torch sampler is used and the stage says so. The engine that ran is part of
+            (``make export-env``) the torch sampler is used and the stage says so; or ``vllm`` (`models.vllm_engine`,
+            CUDA with the ``vllm`` extra; elsewhere the torch sampler, said once). The engine that ran is part of
             the protocol. Process metrics (consistency, recovery) always use the torch sampler.
         precision: the engine's inference precision, ``f32`` or ``bf16`` (weights stay fp32; int8 would change the
             model being measured and is not offered).

@@ -28,7 +28,10 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
 
     if engine == "torch":
         return "torch", "f32"
-    from models.openvino_engine import engine_available
+    if engine == "vllm":
+        from models.vllm_engine import engine_available
+    else:
+        from models.openvino_engine import engine_available
 
     reason = engine_available()
     if reason:
@@ -47,7 +50,12 @@ def load_checkpoint(checkpoint: Path, dtype: str):
 
 def make_sampler(checkpoint: Path, tokenizer, engine: tuple[str, str]):
     """The engine's sampler for ``checkpoint`` (`resolve_engine`'s choice): an `models.openvino_engine.OpenVINOSampler`
-    (the checkpoint exported once to .cache/openvino, by its weights' digest), or None for the torch sampler."""
+    (the checkpoint exported once to .cache/openvino, by its weights' digest), a `models.vllm_engine.VLLMSampler`
+    (dtype float32 or bfloat16 by the precision), or None for the torch sampler."""
+    if engine[0] == "vllm":
+        from models.vllm_engine import VLLMSampler
+
+        return VLLMSampler(Path(checkpoint), tokenizer, dtype={"f32": "float32", "bf16": "bfloat16"}[engine[1]])
     if engine[0] != "openvino":
         return None
     import torch

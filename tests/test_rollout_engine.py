@@ -251,3 +251,14 @@ def test_rollout_engine_settings_are_checked():
         DiDPOConfig(rollout_engine="openvino")
     with pytest.raises(ValueError, match="didpo.is_cap"):
         DiDPOConfig(is_cap=0.5)
+
+
+def test_the_measuring_stages_take_vllm_where_it_runs(fake_vllm, monkeypatch, tmp_path):
+    from tasks.measure import make_sampler, resolve_engine
+
+    assert resolve_engine("vllm", "bf16", "evaluate") == ("vllm", "bf16")
+    _, tok = build_tiny_causal_lm(0)
+    sampler = make_sampler(tmp_path, tok, ("vllm", "bf16"))
+    assert sampler.llm.kwargs["dtype"] == "bfloat16" and sampler.llm.kwargs["model"] == str(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_engine("vllm", "bf16", "evaluate") == ("torch", "f32")  # no CUDA: the torch sampler, said once
