@@ -1,5 +1,5 @@
-"""GPU smoke run (issue 7): a few SFT, DPO and RL (didpo) steps of the embedded model, with their step timings and the
-peak memory.
+"""GPU smoke run (issues 7, 22): a few SFT, DPO and RL (didpo) steps of the embedded model, with their step timings
+and the peak memory.
 
 The model is ``--model`` (default ``data/checkpoints/base``, the dequantised SmolLM2-135M-Instruct that ``dvc repro
 base_model`` writes) or, with ``--tiny`` or when that directory is missing, the tiny random Llama of
@@ -13,7 +13,12 @@ step, with its one-off costs — CUDA kernels, the DPO reference pass — is exc
 ``didpo/step_time_s`` (rollouts + update) over all its steps but the first. Peak memory: the largest
 ``torch.cuda.max_memory_allocated`` of the stages on CUDA, the process's peak RSS on the CPU. Last line:
 
-    RESULT sft_step_s=<s> dpo_step_s=<s> rl_step_s=<s> peak_mem_gb=<GiB> device=<cuda name or cpu>
+    RESULT sft_step_s=<s> dpo_step_s=<s> rl_step_s=<s> rollout_tok_s=<tokens/s> peak_mem_gb=<GiB> device=<name>
+        engine=<rollout engine>
+
+RL's rollouts come from vLLM in bf16 (``--rollout-engine``: ``auto`` = vLLM where it runs, i.e. CUDA with the
+``vllm`` extra installed; the policy's weights are synced into it every step and the update is TIS-corrected,
+`models.vllm_engine`), else from the torch sampler.
 
 Run: ``benchmarks/gpu_smoke.sh`` (a GPU at hand), ``benchmarks/gpu_smoke.sh --tiny`` (anywhere, < 1 min on CPU).
 """
@@ -21,6 +26,7 @@ Run: ``benchmarks/gpu_smoke.sh`` (a GPU at hand), ``benchmarks/gpu_smoke.sh --ti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 import tempfile
@@ -67,6 +73,12 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="the tiny random Llama instead of --model")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps (RL: RL steps) per stage, >= 2")
     parser.add_argument("--device", default="auto", help='"auto" (CUDA when present), "cpu" or "cuda:N"')
+    parser.add_argument(
+        "--rollout-engine",
+        choices=("auto", "torch", "vllm"),
+        default="auto",
+        help="RL rollouts: vllm (bf16, weights synced every step, TIS) where it runs (auto), else the torch sampler",
+    )
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is not timed)")
@@ -77,8 +89,14 @@ def main() -> None:
     from models.dpo import DPOConfig, train_dpo
     from models.policy import configure_threads, resolve_device
     from models.sft import SFTConfig, train_sft
+    from models.vllm_engine import VLLMSampler, engine_available
     from sandbox.verifier import Verifier, VerifierConfig
 
+    engine_name = args.rollout_engine
+    if engine_name == "auto":
+        engine_name = "torch" if engine_available() else "vllm"
+    elif engine_name == "vllm" and engine_available():
+        parser.error(f"--rollout-engine vllm: {engine_available()}")
     tiny = args.tiny or not args.model.exists()
     if not args.tiny and tiny:
         print(f"{args.model} not found: using the tiny random model (run `dvc repro base_model` for the real one)")
@@ -95,10 +113,10 @@ def main() -> None:
     common.update(checkpoint_every=0, device=device, mixed_precision="auto")
     peaks: list[float] = []
 
-    def stage(name: str, fn) -> float:
+    def stage(name: str, fn, clocks: dict) -> float:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        clock = StepClock()
+        clock = clocks[name] = StepClock()
         started = time.perf_counter()
         fn(clock)
         seconds = clock.mean_step_s()
@@ -146,17 +164,38 @@ def main() -> None:
                 screen_samples=0,  # a smoke of the step: no screen, the group's own control
                 reward=ProcessRewardConfig(control="group"),
             )
+            cfg = dataclasses.replace(cfg, rollout_engine=engine_name)
+            engine = None
+            if engine_name == "vllm":  # the engine loads the starting weights from a folder
+                folder = out / "rl-start"
+                model.save_pretrained(folder)
+                tok.save_pretrained(folder)
+                engine = VLLMSampler(folder, tok, dtype="bfloat16", gpu_memory_utilization=0.3)
             with Verifier(VerifierConfig(workers=2, timeout_s=5.0, cpu_s=5)) as verifier:
-                train_didpo(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False)
+                train_didpo(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False, engine=engine)
 
-        sft_s, dpo_s, rl_s = stage("sft", sft), stage("dpo", dpo), stage("rl", rl)
+        clocks: dict[str, StepClock] = {}
+        sft_s, dpo_s, rl_s = stage("sft", sft, clocks), stage("dpo", dpo, clocks), stage("rl", rl, clocks)
     name = torch.cuda.get_device_name(device).replace(" ", "_") if cuda else "cpu"
     bf16 = cuda and torch.cuda.is_bf16_supported()
-    print(f"model={'tiny' if tiny else model_path} device={device} bf16_autocast={bf16}")
+    sft_tok_s = mean_after_first(clocks["sft"].records, "sft/tokens_per_s")
+    rollout_tok_s = mean_after_first(clocks["rl"].records, "didpo/tokens_per_s")
+    sync_s = mean_after_first(clocks["rl"].records, "didpo/time/weight_sync_s")
+    print(f"model={'tiny' if tiny else model_path} device={device} bf16_autocast={bf16} rollout_engine={engine_name}")
+    print(
+        f"sft {sft_tok_s:.0f} input tokens/s; rl rollouts {rollout_tok_s:.0f} generated tokens/s"
+        + (f", weight sync {sync_s:.2f} s/step" if sync_s == sync_s else "")
+    )
     print(
         f"RESULT sft_step_s={sft_s:.3f} dpo_step_s={dpo_s:.3f} rl_step_s={rl_s:.3f} "
-        f"peak_mem_gb={max(peaks):.2f} device={name}"
+        f"rollout_tok_s={rollout_tok_s:.0f} peak_mem_gb={max(peaks):.2f} device={name} engine={engine_name}"
     )
+
+
+def mean_after_first(records: list[dict], key: str) -> float:
+    """The mean of `key` over the records after the first that holds it (NaN when fewer than 2 hold it)."""
+    values = [r[key] for r in records if key in r][1:]
+    return sum(values) / len(values) if values else float("nan")
 
 
 def peak_rss_gb() -> float:
