@@ -47,7 +47,7 @@ git-identity:
 	@git config user.name >/dev/null || git config user.name "didpo-pipeline"
 
 setup: $(VENV)/.installed $(EXPORT_ENV)/.installed git-identity
-setup-dev: $(VENV)/.dev-installed git-identity
+setup-dev: $(VENV)/.dev-installed $(EXPORT_ENV)/.installed git-identity
 
 run: setup
 	$(BIN)/didpo run

@@ -23,7 +23,7 @@ LOSS_TYPES = ("sigmoid", "ipo", "robust", "simpo", "orpo")
 MAX_EPOCHS = 3.0
 
 # didpo
-ROLLOUT_ENGINES = ("torch", "vllm")
+ROLLOUT_ENGINES = ("torch", "openvino", "vllm")
 ALGOS = ("didpo", "grpo", "dapo", "rft")
 CONTROLS = ("start_policy", "group", "reference")
 SHAPINGS = ("potential", "bonus")
@@ -415,10 +415,11 @@ class DiDPOConfig:
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
         mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
-        rollout_engine: "torch" (`models.sampling.sample`, the trainer's own weights) or "vllm"
-            (`models.vllm_engine`, CUDA, an extra): the trainer's weights are synced into it before every step's
-            rollouts, the old log-probs are recomputed by the trainer's forward, and the update is corrected by
-            truncated importance weights.
+        rollout_engine: "torch" (`models.sampling.sample`, the trainer's own weights), "openvino"
+            (`models.openvino_engine`, CPU; LoRA only; no sampler log-probs, so the importance weights are 1) or
+            "vllm" (`models.vllm_engine`, CUDA, an extra): the trainer's weights are synced into the engine before
+            every step's rollouts, the old log-probs are recomputed by the trainer's forward, and the update is
+            corrected by truncated importance weights. An engine that cannot run here falls back to torch (said).
         is_cap: C of the truncated importance weights min(exp(logπ_trainer − logπ_engine), C) (vllm rollouts;
             TRL's ``vllm_importance_sampling_cap``).
 

@@ -523,11 +523,13 @@ def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: C
 def truncated_is_weights(trainer_logps, sampler_logps, cap: float):
     """Truncated importance weights for rollouts sampled by another engine than the trainer: per token
     w = min(exp(logπ_trainer − logπ_sampler), cap) (TIS; TRL's ``vllm_importance_sampling_correction`` with
-    ``vllm_importance_sampling_cap``; Yao et al. 2025). Returns ``(weights, capped)``, both (B, T), capped the tokens
-    where the cap applied; padding positions hold whatever the inputs give (mask them)."""
+    ``vllm_importance_sampling_cap``; Yao et al. 2025). A NaN sampler log-prob (an engine that does not report
+    them, `models.openvino_engine`) gives weight 1, as TRL treats a NaN sampling log-prob. Returns
+    ``(weights, capped)``, both (B, T), capped the tokens where the cap applied; padding positions hold whatever the
+    inputs give (mask them)."""
     import torch
 
-    ratio = torch.exp(trainer_logps - sampler_logps)
+    ratio = torch.exp((trainer_logps - sampler_logps).nan_to_num(0.0))
     return ratio.clamp(max=cap), ratio > cap
 
 
@@ -1256,7 +1258,10 @@ def train_didpo(
             )
             # drift and health, on the step's own samples before its update (DIDPO.md, "Loss": always logged)
             metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps, ref_logps), mask))
-            metrics["didpo/logprob_diff"] = float(masked_mean((logps - batch["old_per_token_logps"]).abs(), mask))
+            known = mask * torch.isfinite(batch["old_per_token_logps"])  # an engine may not report log-probs (NaN)
+            if known.sum() > 0:
+                gap = (logps - batch["old_per_token_logps"]).abs().nan_to_num(0.0)
+                metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
             if engine is not None:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
                 is_weights, capped = truncated_is_weights(logps, batch["old_per_token_logps"], cfg.is_cap)
                 batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)

@@ -4,8 +4,11 @@ A Hugging Face checkpoint folder is exported once to OpenVINO IR (``optimum-cli 
 ``text-generation-with-past``, fp32 weights) and cached by the sha256 of its weights and config; an
 ``openvino_genai.LLMPipeline`` then answers each prompt ``n`` times. What comes back is what `sample` returns —
 text, ``extract_code(text)``, prompt ids, completion ids (with the final eos when there is one), finish reason —
-except the per-token log-probs, which the engine does not give: ``per_token_logps`` is empty, so RL (which needs
-them) keeps the torch sampler.
+except the per-token log-probs, which the pipeline does not give: ``per_token_logps`` holds NaN for each token.
+RL can still sample from it (``didpo.rollout_engine: openvino``): `OpenVINOSampler.load_weights` writes the
+policy's LoRA-merged weights into the IR's weight buffer before each step (no re-export), the old log-probs are the
+trainer's forward, and with the sampler's log-probs unknown the truncated importance weight is 1 (TRL's rule for a
+NaN sampling log-prob); the fp32 engine's log-probs matched a torch forward within 2e-4 (issue 16's measurement).
 
 Why a separate tool environment for the export: the exporter (optimum-intel 2.2) requires transformers < 5.6 and the
 project pins transformers 5.24, so ``make export-env`` builds ``.venv-export`` (optimum-intel, transformers 5.5.4,
@@ -26,6 +29,7 @@ exporter (huggingface/optimum-intel, ``optimum/exporters/openvino``).
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import subprocess
 import tempfile
@@ -127,10 +131,53 @@ class OpenVINOSampler:
         options = {"INFERENCE_PRECISION_HINT": precision}
         if threads:
             options["INFERENCE_NUM_THREADS"] = threads
+        self.ir_dir, self.options = Path(ir_dir), options
         self.pipe = openvino_genai.LLMPipeline(str(ir_dir), "CPU", **options)
+        self._weights = None  # the IR's weight buffer and its named constants, read on the first `load_weights`
         self.tokenizer = tokenizer
         self.precision = precision
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+
+    def load_weights(self, model) -> int:
+        """Load `model`'s current LoRA-merged weights (`models.lora.merged_weights`, the adapted projections only:
+        the rest equals the exported checkpoint) into the engine; returns how many tensors were written.
+
+        The IR's weight file is read once into memory; each weight is written over its named constant there
+        (``self.<parameter name>``, fp32, the torch layout), and the pipeline is rebuilt from the XML and the patched
+        buffer (``LLMPipeline(model, weights, tokenizer, device)``): no re-export. The IR must be the export of the
+        checkpoint `model` started from (its other weights are taken as they are).
+
+        Raises:
+            ValueError: a weight with no constant of that name and shape in the IR (another architecture, or a
+                full fine-tune whose norms were folded by the exporter).
+        """
+        import numpy as np
+        import openvino as ov
+        import openvino_genai
+
+        from models.lora import merged_weights
+
+        if self._weights is None:
+            xml = (self.ir_dir / "openvino_model.xml").read_text()
+            buffer = np.fromfile(self.ir_dir / "openvino_model.bin", dtype=np.uint8)
+            self._weights = (xml, buffer, _named_constants(xml))
+        xml, buffer, constants = self._weights
+        n = 0
+        for name, tensor in merged_weights(model, adapted_only=True):
+            found = constants.get(f"self.{name}")
+            if found is None or found[1] != tuple(tensor.shape):
+                raise ValueError(
+                    f"{name} {tuple(tensor.shape)}: no fp32 constant of that name and shape in {self.ir_dir}"
+                )
+            offset, shape = found
+            size = int(np.prod(shape)) * 4
+            buffer[offset : offset + size].view(np.float32).reshape(shape)[...] = tensor.detach().float().cpu().numpy()
+            n += 1
+        tokenizer = openvino_genai.Tokenizer(str(self.ir_dir))
+        self.pipe = openvino_genai.LLMPipeline(
+            xml, ov.Tensor(buffer, shared_memory=True), tokenizer, "CPU", **self.options
+        )
+        return n
 
     def _config(self, config: SamplingConfig, seed: int):
         import openvino_genai
@@ -206,4 +253,19 @@ class OpenVINOSampler:
             reason = "stop"
         else:
             reason = "length"
-        return Completion(text, extract_code(text), list(prompt_ids), tokens, [], reason)
+        return Completion(text, extract_code(text), list(prompt_ids), tokens, [math.nan] * len(tokens), reason)
+
+
+def _named_constants(xml: str) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """``{constant name: (byte offset, shape)}`` of the IR's named fp32 constants (``<layer type="Const">`` with
+    ``<data element_type="f32" shape=... offset=...>``), the weights the exporter keeps under their torch names."""
+    import xml.etree.ElementTree as ET
+
+    out = {}
+    for layer in ET.fromstring(xml).iter("layer"):
+        data = layer.find("data")
+        if layer.get("type") != "Const" or data is None or data.get("element_type") != "f32":
+            continue
+        shape = tuple(int(x) for x in data.get("shape", "").split(",") if x.strip())
+        out[layer.get("name")] = (int(data.get("offset")), shape)
+    return out

@@ -29,8 +29,9 @@ Sources: vLLM's offline inference API (``LLM``, ``SamplingParams``, ``TokensProm
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
+from models.lora import merged_weights
 from models.sampling import Completion, SamplingConfig, code_block_closed, extract_code
 
 STOP_FENCE = "\n```\n"
@@ -51,37 +52,6 @@ def engine_available() -> str | None:
     if not torch.cuda.is_available():
         return "vllm needs a CUDA device and none is visible"
     return None
-
-
-def merged_weights(model) -> Iterator[tuple[str, object]]:
-    """The trainer's weights under the base model's parameter names, LoRA merged: ``(name, tensor)`` pairs.
-
-    For a peft model, each LoRA-targeted linear yields ``W + scale·B·A`` (computed by peft's ``get_delta_weight``,
-    the same merge as ``merge_and_unload``, without touching the model), other parameters their values; the
-    adapter tensors themselves are not yielded; a tied weight comes once. A plain model yields its
-    ``named_parameters``.
-    """
-    import torch
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    seen: set[int] = set()  # a tied weight (embeddings = LM head) once, under its first name, as named_parameters
-    with torch.no_grad():
-        for module_name, module in base.named_modules():
-            adapters = getattr(module, "active_adapters", None)
-            if adapters is not None and hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
-                weight = module.base_layer.weight.detach().clone()
-                for adapter in adapters:
-                    if adapter in getattr(module, "lora_A", {}):
-                        weight += module.get_delta_weight(adapter).to(weight.dtype)
-                yield f"{module_name}.weight", weight
-                if module.base_layer.bias is not None:
-                    yield f"{module_name}.bias", module.base_layer.bias.detach()
-                continue
-            for name, param in module.named_parameters(recurse=False):
-                if "lora_" in module_name or ".base_layer" in f".{module_name}" or id(param) in seen:
-                    continue  # the adapters (merged above), the wrapped layer's own copy, a tied weight again
-                seen.add(id(param))
-                yield (f"{module_name}.{name}" if module_name else name), param.detach()
 
 
 class VLLMSampler:

@@ -40,14 +40,37 @@ def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
     return out
 
 
+def rollout_engine(cfg: DiDPOConfig, policy: Path, tokenizer):
+    """The engine RL samples its rollouts with (``didpo.rollout_engine``), started from the `policy` checkpoint:
+    an `models.openvino_engine.OpenVINOSampler` (fp32, the checkpoint exported once) or a
+    `models.vllm_engine.VLLMSampler`; None for the torch sampler, or when the engine cannot run here (said once,
+    `tasks.measure.resolve_engine`)."""
+    from tasks.measure import resolve_engine
+
+    if cfg.rollout_engine == "torch" or resolve_engine(cfg.rollout_engine, "f32", "didpo")[0] == "torch":
+        return None
+    if cfg.rollout_engine == "vllm":
+        from models.vllm_engine import VLLMSampler
+
+        return VLLMSampler(policy, tokenizer, seed=cfg.seed)
+    if not cfg.lora:
+        raise ValueError("didpo.rollout_engine openvino syncs LoRA-merged weights: it needs didpo.lora true")
+    import torch
+
+    from models.openvino_engine import OpenVINOSampler, export
+
+    ir = export(Path(policy), Path(".cache/openvino"))
+    return OpenVINOSampler(ir, tokenizer, precision="f32", threads=torch.get_num_threads())
+
+
 @task(cache_policy=NO_CACHE)
 def run_didpo(
     policy: Path, dtype: str, problems: list[dict], cfg: DiDPOConfig, verifier, out: Path, rollouts: Path, pool: Path
 ) -> tuple[dict, list[dict]]:
     """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
 
-    ``didpo.rollout_engine: vllm`` samples the rollouts with vLLM (`models.vllm_engine`, CUDA), its weights synced
-    from the policy before every step. Refuses a token budget below the SFT answers' p90 length on these problems
+    ``didpo.rollout_engine`` openvino or vllm samples the rollouts with that engine (`rollout_engine`), its weights
+    synced from the policy before every step. Refuses a token budget below the SFT answers' p90 length on these problems
     before anything runs (`models.didpo.check_budget_fits_answers`). The screened prompt pool
     (`models.didpo.screen_prompt_pool`) is copied to `pool` (a DVC out); its summary (screened, pool_size, pass
     rates) joins the metrics.
@@ -65,11 +88,9 @@ def run_didpo(
     def attempt(resume: bool):
         model, tokenizer = load_policy(policy, dtype=dtype)
         check_budget_fits_answers(tokenizer, problems, cfg)
-        if cfg.rollout_engine == "vllm" and not engines:
-            from models.vllm_engine import VLLMSampler
-
-            engines.append(VLLMSampler(policy, tokenizer, seed=cfg.seed))
-        engine = engines[0] if engines else None
+        if not engines:
+            engines.append(rollout_engine(cfg, policy, tokenizer))
+        engine = engines[0]
         return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine)
 
     result = resume_or_start_over(attempt)

@@ -50,6 +50,67 @@ def test_greedy_answers_equal_the_torch_sampler_and_sampling_keeps_the_contract(
     assert [[c.completion_ids for c in g] for g in first] == [[c.completion_ids for c in g] for g in again]
     assert [len(g) for g in first] == [3, 3]
     for c in (c for g in first for c in g):
-        assert 1 <= len(c.completion_ids) <= 16 and c.per_token_logps == [] and c.finish_reason in ("eos", "length")
+        assert 1 <= len(c.completion_ids) <= 16 and c.finish_reason in ("eos", "length")
+        assert len(c.per_token_logps) == len(c.completion_ids) and all(x != x for x in c.per_token_logps)  # NaN
     other_seed = sampler.sample(prompts, SamplingConfig(n=3, temperature=0.8, top_p=0.95, max_new_tokens=16, seed=6))
     assert [[c.completion_ids for c in g] for g in other_seed] != [[c.completion_ids for c in g] for g in first]
+
+
+def _exported_tiny(tmp_path):
+    model, tokenizer = build_tiny_causal_lm(seed=0)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    return model, tokenizer, engine.export(tmp_path / "tiny", tmp_path / "cache")
+
+
+@needs_export
+def test_loaded_weights_make_the_engine_answer_as_the_trained_policy(tmp_path):
+    """RL's weight sync without a re-export: LoRA adapters with visible weights on the exported checkpoint; after
+    `load_weights` the engine's greedy answers are the torch sampler's of the adapted policy, token for token (and
+    not those of the checkpoint it was exported from)."""
+    import torch
+
+    from models.lora import apply_lora
+
+    model, tokenizer, ir = _exported_tiny(tmp_path)
+    sampler = engine.OpenVINOSampler(ir, tokenizer, threads=1)
+    prompts = [build_chat_prompt(tokenizer, "Write add(a, b)."), build_chat_prompt(tokenizer, "Reverse a list.")]
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=24, stop_on_code_block=False)
+    before = [g[0].completion_ids for g in sampler.sample(prompts, greedy, progress=False)]
+    policy = apply_lora(model, 4, 8.0, 0.0, "auto", 0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    n = sampler.load_weights(policy)
+    assert (
+        n == len(list(policy.get_base_model().named_modules()))
+        and n > 0
+        or n == sum(1 for _, m in policy.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
+    )
+    ours = [g[0].completion_ids for g in sample(policy, tokenizer, prompts, greedy, progress=False)]
+    theirs = [g[0].completion_ids for g in sampler.sample(prompts, greedy, progress=False)]
+    assert theirs == ours and theirs != before
+
+
+@needs_export
+def test_rl_samples_from_the_openvino_engine(tmp_path):
+    """Two RL steps with the engine: the policy's weights go into it before each step, the old log-probs are the
+    trainer's, and with the engine's log-probs unknown (NaN) every importance weight is 1."""
+    from models.config import ProcessRewardConfig
+    from models.didpo import DiDPOConfig, train_didpo
+    from tests.test_rl_loop import PROBLEMS, IndexVerifier
+
+    model, tokenizer, ir = _exported_tiny(tmp_path)
+    sampler = engine.OpenVINOSampler(ir, tokenizer, threads=1)
+    reward = ProcessRewardConfig(control="group", overlong_max=0, overlong_cache=0)
+    cfg = DiDPOConfig(
+        algo="grpo", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=12, lora_r=4, lora_alpha=8.0,
+        minibatch_size=4, device="cpu", checkpoint_every=0, target_kl=0.0, screen_samples=0, reward=reward,
+        rollout_engine="openvino", learning_rate=1e-3,
+    )  # fmt: skip
+    result = train_didpo(model, tokenizer, PROBLEMS, cfg, IndexVerifier(), tmp_path / "rl", engine=sampler)
+    for record in result.history:
+        assert record["didpo/is_weight_mean"] == 1.0 and record["didpo/is_capped_frac"] == 0.0
+        assert record["didpo/time/weight_sync_s"] > 0 and "didpo/logprob_diff" not in record
+        assert record["didpo/groups_trained"] == 2

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.didpo import DiDPOConfig, train_didpo, truncated_is_weights
-from models.lora import apply_lora
+from models.lora import apply_lora, merged_weights
 from models.policy import build_tiny_causal_lm
 from models.rl_losses import grpo_loss
 from models.sampling import SamplingConfig, sample
@@ -65,8 +65,6 @@ def test_is_weights_multiply_the_per_token_loss_before_aggregation(loss_type):
 
 
 def test_merged_weights_are_what_merge_and_unload_gives():
-    from models.vllm_engine import merged_weights
-
     model, _ = build_tiny_causal_lm(0)
     model = apply_lora(model, 4, 8.0, 0.0, "auto", 0)
     with torch.no_grad():  # B starts at 0: make the adapters matter
@@ -172,7 +170,7 @@ def test_vllm_sampler_keeps_the_sampling_contract(fake_vllm, tmp_path):
 
 
 def test_vllm_sampler_loads_the_merged_policy_weights(fake_vllm, tmp_path):
-    from models.vllm_engine import VLLMSampler, merged_weights
+    from models.vllm_engine import VLLMSampler
 
     model, tok = build_tiny_causal_lm(0)
     model = apply_lora(model, 4, 8.0, 0.0, "auto", 0)
