@@ -83,11 +83,8 @@ def test_loaded_weights_make_the_engine_answer_as_the_trained_policy(tmp_path):
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     n = sampler.load_weights(policy)
-    assert (
-        n == len(list(policy.get_base_model().named_modules()))
-        and n > 0
-        or n == sum(1 for _, m in policy.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer"))
-    )
+    adapted = [name for name, m in policy.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    assert n == len(adapted) > 0  # every adapted projection written, nothing else
     ours = [g[0].completion_ids for g in sample(policy, tokenizer, prompts, greedy, progress=False)]
     theirs = [g[0].completion_ids for g in sampler.sample(prompts, greedy, progress=False)]
     assert theirs == ours and theirs != before
