@@ -48,38 +48,21 @@ def run_stage_flow(name: str, params: str):
 LAUNCHED_STAGES = ("sft", "dpo", "didpo")  # the training stages: data parallel under ``launch.num_processes`` > 1
 
 
-def launch_command(name: str, params: Path, num_processes: int) -> list[str]:
-    """The ``accelerate launch`` command that runs ``didpo stage <name>`` in `num_processes` data-parallel
-    processes on this machine (torchrun underneath: one per GPU on CUDA, gloo processes on a CPU-only machine).
-    Every launch option is given, so no accelerate config file is read; ``--multi_gpu`` is accelerate's name for
-    "torchrun with N processes" (its ``--cpu`` launcher would start one process)."""
+def launch_command(num_processes: int, target: list[str]) -> list[str]:
+    """The ``accelerate launch`` command that runs `target` (a script and its arguments, or ``["-m", module, ...]``)
+    in `num_processes` data-parallel processes on this machine (torchrun underneath: one per GPU on CUDA, gloo
+    processes on a CPU-only machine), rendezvous on a free local port. Every launch option is given, so no
+    accelerate config file is read; ``--multi_gpu`` is accelerate's name for "torchrun with N processes" (its
+    ``--cpu`` launcher would start one process)."""
     import socket
 
     with socket.socket() as s:  # a free port for the process group's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(port),
-        "-m",
-        "flows.cli",
-        "stage",
-        name,
-        "--params",
-        str(params),
-    ]
+    options = {"--num_processes": num_processes, "--num_machines": 1, "--mixed_precision": "no"}
+    options.update({"--dynamo_backend": "no", "--main_process_port": port})
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    return launch + [str(x) for pair in options.items() for x in pair] + list(target)
 
 
 def _run_launcher(command: list[str]) -> int:
@@ -214,7 +197,8 @@ def stage(
             importlib.import_module(f"flows.{name}").worker(str(params))  # a rank > 0: training only
             return
         if name in LAUNCHED_STAGES and launch.num_processes > 1 and "RANK" not in os.environ:
-            code = _run_launcher(launch_command(name, params, launch.num_processes))
+            stage_command = ["-m", "flows.cli", "stage", name, "--params", str(params)]
+            code = _run_launcher(launch_command(launch.num_processes, stage_command))
             if code:
                 raise typer.Exit(code)
             return

@@ -1262,6 +1262,12 @@ def train_didpo(
             if known.sum() > 0:
                 gap = (logps - batch["old_per_token_logps"]).abs().nan_to_num(0.0)
                 metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
+            totals = [r.completion.sequence_logp for r in rollouts]
+            if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
+                ours = (logps * mask).sum(-1)
+                per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
+                             for a, b, r in zip(ours, totals, rollouts, strict=True)]  # fmt: skip
+                metrics["didpo/seq_logprob_diff"] = _mean(per_token)
             if engine is not None:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
                 is_weights, capped = truncated_is_weights(logps, batch["old_per_token_logps"], cfg.is_cap)
                 batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)

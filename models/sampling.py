@@ -82,6 +82,8 @@ class Completion:
         per_token_logps: log softmax(logits / T)[a_t] for each completion token at the sampling temperature T
             (unscaled when greedy; no top-p truncation; see the module doc), same length as `completion_ids`, nats.
         finish_reason: "eos" (the model emitted eos), "stop" (code block closed or stop string), "length".
+        sequence_logp: Σ of the tokens' log-probs at T, from an engine that reports only the total
+            (`models.openvino_engine`, whose `per_token_logps` are NaN); None otherwise.
     """
 
     text: str
@@ -90,6 +92,7 @@ class Completion:
     completion_ids: list[int]
     per_token_logps: list[float] = field(repr=False)
     finish_reason: str
+    sequence_logp: float | None = None
 
 
 def format_answer(code: str) -> str:

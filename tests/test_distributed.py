@@ -18,9 +18,7 @@ shard or a rollout sampled differently moves the parameters by 1e-3 or more (lr 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,12 +29,6 @@ from models.policy import build_tiny_causal_lm
 ENTRY = Path(__file__).with_name("distributed_entry.py")
 RUNS = ("dpo", "sft", "grpo", "didpo")
 GLOBAL_BATCH = 4  # DPO pairs per micro-batch, RL rollouts per minibatch; 2 per process under the launcher
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trained(out: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -54,26 +46,10 @@ def test_two_processes_end_with_the_parameters_of_one(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(ENTRY.parents[1])}
     env.pop("WORLD_SIZE", None)
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(ENTRY),
-        str(model_dir),
-        str(tmp_path / "two"),
-        str(GLOBAL_BATCH // 2),
-    ]
+    from flows.cli import launch_command
+
+    target = [str(ENTRY), str(model_dir), str(tmp_path / "two"), str(GLOBAL_BATCH // 2)]
+    command = launch_command(2, target)  # what `didpo stage` runs for launch.num_processes 2
     launched = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run(model_dir, tmp_path / "one", GLOBAL_BATCH)  # meanwhile, one process with the whole batch
     output, _ = launched.communicate(timeout=600)

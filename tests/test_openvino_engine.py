@@ -110,4 +110,6 @@ def test_rl_samples_from_the_openvino_engine(tmp_path):
     for record in result.history:
         assert record["didpo/is_weight_mean"] == 1.0 and record["didpo/is_capped_frac"] == 0.0
         assert record["didpo/time/weight_sync_s"] > 0 and "didpo/logprob_diff" not in record
+        # the engine's sequence log-probs (its scores, at T) against the trainer's forward: float32 noise only
+        assert record["didpo/seq_logprob_diff"] < 1e-3
         assert record["didpo/groups_trained"] == 2

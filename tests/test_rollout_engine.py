@@ -23,15 +23,7 @@ from models.lora import apply_lora, merged_weights
 from models.policy import build_tiny_causal_lm
 from models.rl_losses import grpo_loss
 from models.sampling import SamplingConfig, sample
-from tests.test_rl_loop import BASE, PROBLEMS, IndexVerifier
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.test_rl_loop import BASE, PROBLEMS, IndexVerifier, one_thread  # noqa: F401 (autouse: 1 thread)
 
 
 def test_truncated_is_weights_by_hand():
@@ -246,7 +238,7 @@ def test_an_engine_that_disagrees_is_corrected_by_capped_weights(tmp_path):
 
 def test_rollout_engine_settings_are_checked():
     with pytest.raises(ValueError, match="didpo.rollout_engine"):
-        DiDPOConfig(rollout_engine="openvino")
+        DiDPOConfig(rollout_engine="ctranslate2")
     with pytest.raises(ValueError, match="didpo.is_cap"):
         DiDPOConfig(is_cap=0.5)
 
