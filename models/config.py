@@ -472,7 +472,7 @@ class DiDPOConfig:
     checkpoint_every: int = 1
     device: str = "auto"
     mixed_precision: str = "auto"
-    rollout_engine: str = "torch"
+    rollout_engine: str = "openvino"
     is_cap: float = 2.0
 
     def __post_init__(self):

@@ -27,6 +27,21 @@ def test_the_cache_key_is_the_weights_and_config(tmp_path):
         engine.OpenVINOSampler(tmp_path, None, precision="int8")
 
 
+def assert_greedy(model, answers) -> None:
+    """Every token an engine chose greedily is `model`'s argmax given the engine's own prefix (teacher forcing, so a
+    near-tie cannot derail the rest of the comparison), within 1e-3 of the best logit: the two runtimes' fp32
+    logits differ by up to ~2.5e-4 on the tiny random model, whose logits are all ≈ 0.3, so exact token equality
+    can flip on a near-tie (on SmolLM2-135M greedy answers are compared token for token by bench_generation.py)."""
+    import torch
+
+    for answer in answers:
+        ids = torch.tensor([answer.prompt_ids + answer.completion_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(answer.prompt_ids) - 1 : -1]  # (T, V)
+        chosen = logits[torch.arange(len(answer.completion_ids)), torch.tensor(answer.completion_ids)]
+        assert (logits.max(-1).values - chosen).max().item() < 1e-3
+
+
 needs_export = pytest.mark.skipif(engine.engine_available() is not None, reason=str(engine.engine_available()))
 
 
@@ -43,8 +58,10 @@ def test_greedy_answers_equal_the_torch_sampler_and_sampling_keeps_the_contract(
     ours, theirs = sample(model, tokenizer, prompts, greedy, progress=False), sampler.sample(prompts, greedy)
     for a_group, b_group in zip(ours, theirs, strict=True):
         for a, b in zip(a_group, b_group, strict=True):
-            assert b.completion_ids == a.completion_ids and b.text == a.text and b.prompt_ids == a.prompt_ids
-            assert b.finish_reason == a.finish_reason
+            assert b.prompt_ids == a.prompt_ids and b.text == tokenizer.decode(
+                b.completion_ids, skip_special_tokens=True
+            )
+    assert_greedy(model, [g[0] for g in theirs])
     sampled = SamplingConfig(n=3, temperature=0.8, top_p=0.95, max_new_tokens=16, seed=5)
     first, again = sampler.sample(prompts, sampled), sampler.sample(prompts, sampled)
     assert [[c.completion_ids for c in g] for g in first] == [[c.completion_ids for c in g] for g in again]
@@ -66,8 +83,8 @@ def _exported_tiny(tmp_path):
 @needs_export
 def test_loaded_weights_make_the_engine_answer_as_the_trained_policy(tmp_path):
     """RL's weight sync without a re-export: LoRA adapters with visible weights on the exported checkpoint; after
-    `load_weights` the engine's greedy answers are the torch sampler's of the adapted policy, token for token (and
-    not those of the checkpoint it was exported from)."""
+    `load_weights` every greedy token of the engine is the adapted policy's argmax (and the answers are not those
+    of the checkpoint it was exported from)."""
     import torch
 
     from models.lora import apply_lora
@@ -85,9 +102,9 @@ def test_loaded_weights_make_the_engine_answer_as_the_trained_policy(tmp_path):
     n = sampler.load_weights(policy)
     adapted = [name for name, m in policy.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
     assert n == len(adapted) > 0  # every adapted projection written, nothing else
-    ours = [g[0].completion_ids for g in sample(policy, tokenizer, prompts, greedy, progress=False)]
-    theirs = [g[0].completion_ids for g in sampler.sample(prompts, greedy, progress=False)]
-    assert theirs == ours and theirs != before
+    answers = [g[0] for g in sampler.sample(prompts, greedy, progress=False)]
+    assert [a.completion_ids for a in answers] != before
+    assert_greedy(policy, answers)
 
 
 @needs_export
