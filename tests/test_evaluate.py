@@ -196,7 +196,7 @@ def test_the_engine_falls_back_to_torch_and_says_why(monkeypatch, caplog):
     monkeypatch.setattr(engine, "engine_available", lambda: None)
     assert resolve_engine(EvaluateConfig(engine="openvino", precision="bf16")) == ("openvino", "bf16")
     with pytest.raises(ConfigError, match="evaluate.engine must be"):
-        parse_params({"evaluate": {"engine": "vllm"}})
+        parse_params({"evaluate": {"engine": "ct2"}})
 
 
 def test_plots_are_written(tmp_path):
