@@ -145,6 +145,34 @@ def test_group_advantages_equal_trl(trl_trainer):
     assert ours[GROUP:].abs().max() == 0.0
 
 
+def trl_compute_loss(trl_trainer, monkeypatch, loss_type, new, mask, old, advantages, **extra):
+    """TRL's own `_compute_loss` on prepared log-probs: the forward pass is replaced by `new` (the same tensor our
+    side starts from), in eval mode (no gradient-accumulation rescaling). Returns ``(loss, logps)`` after backward,
+    the log-probs holding TRL's gradient. `extra`: more inputs (e.g. ``importance_sampling_ratio``)."""
+    batch, width = new.shape
+    trl_logps = new.clone().requires_grad_()
+    monkeypatch.setattr(
+        trl_trainer,
+        "_get_per_token_logps_and_entropies",
+        lambda *a, **k: (trl_logps, torch.zeros(batch, width), None),
+    )
+    monkeypatch.setattr(trl_trainer, "loss_type", loss_type)
+    trl_trainer.model.eval()
+    inputs = {
+        "prompt_ids": torch.ones(batch, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(batch, 2, dtype=torch.long),
+        "completion_ids": torch.ones(batch, width, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+        **extra,
+    }
+    loss = trl_trainer._compute_loss(trl_trainer.model, inputs)
+    loss.backward()
+    return loss, trl_logps
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_grpo_losses_equal_trl_compute_loss(trl_trainer, loss_type, monkeypatch):
     g = torch.Generator().manual_seed(1)
@@ -155,27 +183,8 @@ def test_grpo_losses_equal_trl_compute_loss(trl_trainer, loss_type, monkeypatch)
     new = (old + torch.randn(BATCH, width, generator=g) * 0.4).detach()
     advantages = torch.randn(BATCH, generator=g)
 
-    # TRL's own `_compute_loss`, with the forward pass replaced by our prepared log-probs (same tensors in both).
-    trl_logps = new.clone().requires_grad_()
-    monkeypatch.setattr(
-        trl_trainer,
-        "_get_per_token_logps_and_entropies",
-        lambda *a, **k: (trl_logps, torch.zeros(BATCH, width), None),
-    )
-    monkeypatch.setattr(trl_trainer, "loss_type", loss_type)
-    trl_trainer.model.eval()  # no gradient-accumulation rescaling
     trl_trainer._metrics["eval"].clear()
-    inputs = {
-        "prompt_ids": torch.ones(BATCH, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(BATCH, 2, dtype=torch.long),
-        "completion_ids": torch.ones(BATCH, width, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": advantages,
-        "old_per_token_logps": old,
-        "num_items_in_batch": mask.sum(),
-    }
-    trl_loss = trl_trainer._compute_loss(trl_trainer.model, inputs)
-    trl_loss.backward()
+    trl_loss, trl_logps = trl_compute_loss(trl_trainer, monkeypatch, loss_type, new, mask, old, advantages)
 
     ours_logps = new.clone().requires_grad_()
     loss, stats = grpo_loss(ours_logps, old, advantages, mask, eps_low=0.2, eps_high=0.28, loss_type=loss_type)
@@ -213,30 +222,13 @@ def test_truncated_importance_weights_equal_trl_compute_loss(trl_trainer, loss_t
     weights, capped = truncated_is_weights(old, sampling, cap)
     assert 0 < float((capped * mask).sum()) < float(mask.sum())  # the cap binds on some tokens, not all
 
-    trl_logps = new.clone().requires_grad_()
-    monkeypatch.setattr(
-        trl_trainer,
-        "_get_per_token_logps_and_entropies",
-        lambda *a, **k: (trl_logps, torch.zeros(BATCH, width), None),
-    )
-    monkeypatch.setattr(trl_trainer, "loss_type", loss_type)
     monkeypatch.setattr(trl_trainer, "use_vllm", True)
     monkeypatch.setattr(trl_trainer, "vllm_importance_sampling_correction", True)
-    trl_trainer.model.eval()
     # TRL's ratio (its `_generate_and_score_completions`, mode token_truncate, clip_max = cap), masked as TRL does
     trl_ratio = torch.clamp(torch.exp((old - sampling) * mask), max=cap)
-    inputs = {
-        "prompt_ids": torch.ones(BATCH, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(BATCH, 2, dtype=torch.long),
-        "completion_ids": torch.ones(BATCH, width, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": advantages,
-        "old_per_token_logps": old,
-        "importance_sampling_ratio": trl_ratio,
-        "num_items_in_batch": mask.sum(),
-    }
-    trl_loss = trl_trainer._compute_loss(trl_trainer.model, inputs)
-    trl_loss.backward()
+    trl_loss, trl_logps = trl_compute_loss(
+        trl_trainer, monkeypatch, loss_type, new, mask, old, advantages, importance_sampling_ratio=trl_ratio
+    )
 
     ours_logps = new.clone().requires_grad_()
     loss, _ = grpo_loss(ours_logps, old, advantages, mask, 0.2, 0.28, loss_type, is_weights=weights * mask)
