@@ -506,6 +506,11 @@ class DiDPOConfig:
             raise ValueError(f"didpo.lora_r must be >= 1, got {self.lora_r}")
         if self.rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"didpo.rollout_engine must be one of {ROLLOUT_ENGINES}, got {self.rollout_engine!r}")
+        if self.rollout_engine == "openvino" and not self.lora:
+            raise ValueError(
+                "didpo.rollout_engine openvino loads LoRA-merged projections into the engine: it needs didpo.lora "
+                "true (full fine-tuning: rollout_engine torch)"
+            )
         if self.is_cap < 1:
             raise ValueError(f"didpo.is_cap must be >= 1 (a cap below 1 shrinks on-policy tokens), got {self.is_cap}")
         if self.group_size < 2 and not (self.algo == "rft" or self.uses_critic):

@@ -1047,9 +1047,10 @@ def train_didpo(
         resume: continue from the latest checkpoint in ``out_dir/checkpoints`` (its pool included: no new
             screen); False starts over: existing checkpoints are deleted once this run has saved its first one.
         rollouts_path: the rollouts JSONL (default ``out_dir/rollouts.jsonl``).
-        engine: the rollout engine (``cfg.rollout_engine`` "vllm": a `models.vllm_engine.VLLMSampler` of the
-            starting checkpoint), or None (the torch sampler). Before each step's rollouts the policy's weights are
-            loaded into it (`VLLMSampler.load_weights`); the update then takes the trainer's forward as the old
+        engine: the rollout engine of the starting checkpoint (``cfg.rollout_engine``: a
+            `models.openvino_engine.OpenVINOSampler` or `models.vllm_engine.VLLMSampler`, `tasks.didpo.rollout_engine`),
+            or None (the torch sampler). Before each step's rollouts the policy's weights are loaded into it
+            (``load_weights``); the update then takes the trainer's forward as the old
             log-probs and weighs each token by min(exp(logπ_trainer − logπ_engine), ``cfg.is_cap``). The screen
             samples with the torch sampler.
 

@@ -133,7 +133,9 @@ class OpenVINOSampler:
             options["INFERENCE_NUM_THREADS"] = threads
         self.ir_dir, self.options = Path(ir_dir), options
         self.pipe = openvino_genai.LLMPipeline(str(ir_dir), "CPU", **options)
-        self._weights = None  # the IR's weight buffer and its named constants, read on the first `load_weights`
+        self._weights = (
+            None  # the IR's XML, weight buffer, named constants, tokenizer: read on the first `load_weights`
+        )
         self.tokenizer = tokenizer
         self.precision = precision
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -160,8 +162,8 @@ class OpenVINOSampler:
         if self._weights is None:
             xml = (self.ir_dir / "openvino_model.xml").read_text()
             buffer = np.fromfile(self.ir_dir / "openvino_model.bin", dtype=np.uint8)
-            self._weights = (xml, buffer, _named_constants(xml))
-        xml, buffer, constants = self._weights
+            self._weights = (xml, buffer, _named_constants(xml), openvino_genai.Tokenizer(str(self.ir_dir)))
+        xml, buffer, constants, tokenizer = self._weights
         n = 0
         for name, tensor in merged_weights(model, adapted_only=True):
             found = constants.get(f"self.{name}")
@@ -173,7 +175,6 @@ class OpenVINOSampler:
             size = int(np.prod(shape)) * 4
             buffer[offset : offset + size].view(np.float32).reshape(shape)[...] = tensor.detach().float().cpu().numpy()
             n += 1
-        tokenizer = openvino_genai.Tokenizer(str(self.ir_dir))
         self.pipe = openvino_genai.LLMPipeline(
             xml, ov.Tensor(buffer, shared_memory=True), tokenizer, "CPU", **self.options
         )

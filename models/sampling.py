@@ -80,7 +80,8 @@ class Completion:
         prompt_ids: the prompt's token ids (no padding), shared by the prompt's samples.
         completion_ids: generated token ids, including the final eos token when the sample ended on one.
         per_token_logps: log softmax(logits / T)[a_t] for each completion token at the sampling temperature T
-            (unscaled when greedy; no top-p truncation; see the module doc), same length as `completion_ids`, nats.
+            (unscaled when greedy; no top-p truncation; see the module doc), same length as `completion_ids`, nats;
+            NaN from an engine that does not report them.
         finish_reason: "eos" (the model emitted eos), "stop" (code block closed or stop string), "length".
         sequence_logp: Σ of the tokens' log-probs at T, from an engine that reports only the total
             (`models.openvino_engine`, whose `per_token_logps` are NaN); None otherwise.

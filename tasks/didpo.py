@@ -53,8 +53,6 @@ def rollout_engine(cfg: DiDPOConfig, policy: Path, tokenizer):
         from models.vllm_engine import VLLMSampler
 
         return VLLMSampler(policy, tokenizer, seed=cfg.seed)
-    if not cfg.lora:
-        raise ValueError("didpo.rollout_engine openvino syncs LoRA-merged weights: it needs didpo.lora true")
     import torch
 
     from models.openvino_engine import OpenVINOSampler, export

@@ -63,6 +63,7 @@ BASE = dict(
     screen_problems=0,  # screen every problem (6 × 4 answers: IndexVerifier makes each group informative)
     # dapo's overlong penalty (params.yaml: 320 → 384 tokens) off: 12-token answers
     reward=ProcessRewardConfig(overlong_max=0, overlong_cache=0),
+    rollout_engine="torch",  # the loop's own sampler (tests/test_rollout_engine.py passes engines in)
 )
 
 

@@ -151,8 +151,7 @@ def test_vllm_sampler_keeps_the_sampling_contract(fake_vllm, tmp_path):
     assert [len(group) for group in out] == [2, 2]
     a, b = out[0]
     assert a.completion_ids == [5, 6, 2] and a.per_token_logps == pytest.approx([-0.1, -0.2, -0.3])
-    eos = tok.eos_token_id
-    assert a.finish_reason == ("eos" if eos == 2 else "stop")
+    assert tok.eos_token_id == 2 and a.finish_reason == "eos"  # ended on eos (vLLM says "stop")
     assert b.finish_reason == "length" and a.prompt_ids == prompts[0]["prompt_token_ids"]
     assert a.text == tok.decode([5, 6, 2], skip_special_tokens=True)
 
@@ -252,3 +251,6 @@ def test_the_measuring_stages_take_vllm_where_it_runs(fake_vllm, monkeypatch, tm
     assert sampler.llm.kwargs["dtype"] == "bfloat16" and sampler.llm.kwargs["model"] == str(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_engine("vllm", "bf16", "evaluate") == ("torch", "f32")  # no CUDA: the torch sampler, said once
+    with pytest.raises(ValueError, match="didpo.lora"):
+        DiDPOConfig(rollout_engine="openvino", lora=False)
+    assert DiDPOConfig(rollout_engine="torch", lora=False).lora is False
