@@ -1,0 +1,103 @@
+"""scripts/restore_run.py on a tiny model: an adapter saved by the stages' export rebuilds the very merged checkpoint
+(bit for bit: the sha256 the dpo stage requires, the md5 DVC recorded), and a changed adapter does not; save and
+restore mirror a stage's cached outputs (dvc.yaml's, merged checkpoints as their adapter)."""
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.checkpoint import checkpoint_hash
+from models.lora import apply_lora
+from models.policy import build_tiny_causal_lm, load_policy
+from models.training import export
+
+ROOT = Path(__file__).parents[1]
+spec = importlib.util.spec_from_file_location("restore_run", ROOT / "scripts/restore_run.py")
+restore_run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(restore_run)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A start checkpoint on disk and the stages' export of a LoRA model trained on it (random nonzero B)."""
+    root = tmp_path_factory.mktemp("restore")
+    model, tokenizer = build_tiny_causal_lm(seed=0)
+    model.save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    model, tokenizer = load_policy(root / "base", dtype="float32")  # as a stage loads its start checkpoint
+    torch.manual_seed(0)
+    peft_model = apply_lora(model, r=4, alpha=8.0, dropout=0.0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)  # B starts at 0; a trained adapter does not
+    export(peft_model, tokenizer, root / "trained", lora=True)
+    return root
+
+
+def test_rebuilt_merged_checkpoint_is_the_trained_one_bit_for_bit(trained, tmp_path):
+    merged = restore_run.rebuild_merged(trained / "base", trained / "trained/adapter", tmp_path / "merged", "float32")
+    assert checkpoint_hash(merged) == checkpoint_hash(trained / "trained/merged")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # what DVC's md5 covers besides weights
+        assert (merged / name).read_bytes() == (trained / "trained/merged" / name).read_bytes()
+    assert checkpoint_hash(merged) != checkpoint_hash(trained / "base")  # the merge did something
+    # an existing directory is replaced, and no temporary directory is left beside it
+    restore_run.rebuild_merged(trained / "base", trained / "trained/adapter", merged, "float32")
+    assert checkpoint_hash(merged) == checkpoint_hash(trained / "trained/merged")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]
+
+
+def test_a_changed_adapter_gives_another_checkpoint(trained, tmp_path):
+    changed = tmp_path / "changed"
+    shutil.copytree(trained / "trained/adapter", changed)
+    tensors = load_file(changed / "adapter_model.safetensors")
+    name = next(k for k in sorted(tensors) if "lora_B" in k)
+    tensors[name][0, 0] += 1e-3
+    save_file(tensors, changed / "adapter_model.safetensors", metadata={"format": "pt"})
+    merged = restore_run.rebuild_merged(trained / "base", changed, tmp_path / "merged", "float32")
+    assert checkpoint_hash(merged) != checkpoint_hash(trained / "trained/merged")
+
+
+def test_missing_inputs_are_named(trained, tmp_path):
+    with pytest.raises(FileNotFoundError, match="adapter_model.safetensors"):
+        restore_run.rebuild_merged(trained / "base", tmp_path, tmp_path / "merged")
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        restore_run.rebuild_merged(tmp_path / "nobase", trained / "trained/adapter", tmp_path / "merged")
+
+
+def test_cached_outputs_are_dvc_yamls(monkeypatch):
+    assert restore_run.cached_outputs("sft", ROOT / "dvc.yaml") == [
+        Path("data/checkpoints/sft/adapter"),
+        Path("data/checkpoints/sft/merged"),
+    ]
+    gate = restore_run.cached_outputs("gate", ROOT / "dvc.yaml")
+    assert Path("data/gate/val_samples.jsonl") in gate and Path("data/gate/metrics.json") not in gate  # cache: false
+    with pytest.raises(KeyError):
+        restore_run.cached_outputs("nosuchstage", ROOT / "dvc.yaml")
+
+
+def test_save_then_restore_mirrors_the_outputs(tmp_path, monkeypatch):
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: x\n    outs:\n      - data/s/rows.jsonl\n      - data/s/report.json:\n"
+        "          cache: false\n      - data/s/dir\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    Path("data/s/dir").mkdir(parents=True)
+    Path("data/s/rows.jsonl").write_text('{"a": 1}\n')
+    Path("data/s/report.json").write_text("{}")
+    Path("data/s/dir/f.txt").write_text("x")
+    restore_run.save(["s"], Path("snap"))
+    assert sorted(str(p) for p in Path("snap").rglob("*") if p.is_file()) == [
+        "snap/data/s/dir/f.txt",
+        "snap/data/s/rows.jsonl",
+    ]
+    shutil.rmtree("data")
+    restore_run.restore(["s"], Path("snap"))
+    assert Path("data/s/rows.jsonl").read_text() == '{"a": 1}\n' and Path("data/s/dir/f.txt").read_text() == "x"
+    shutil.rmtree("snap/data/s/dir")
+    with pytest.raises(FileNotFoundError, match="was not saved"):
+        restore_run.restore(["s"], Path("snap"))
