@@ -13,7 +13,9 @@ checkpoints (≈ 540 MB each): of those only the LoRA adapter beside them (≈ 2
 ``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on sft's merged weights, didpo
 on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency and every output equal to
 what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a merge that another
-CPU rounded otherwise is caught); then `dvc repro` continues after the last restored stage. Anything DVC still sees
+CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in cache") are
+then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last restored
+stage. Anything DVC still sees
 as changed is printed and the exit status is 1: `dvc repro` will recompute it. A stage whose code dependency changed
 since the run is reported the same way; `dvc commit <stage>` accepts the restored outputs when the change does not
 touch what the stage computes.
@@ -120,6 +122,30 @@ def dvc_changes(stages: list[str]) -> dict:
     return json.loads(result.stdout or "{}")
 
 
+def only_not_in_cache(changes: dict) -> bool:
+    """True when every change DVC reports is an output equal to its dvc.lock hash but absent from the local cache
+    (DVC says ``modified`` for an output whose content differs, and lists changed deps or params apart)."""
+    entries = [entry for stage in changes.values() for entry in stage]
+    return all(
+        isinstance(entry, dict)
+        and set(entry) == {"changed outs"}
+        and set(entry["changed outs"].values()) == {"not in cache"}
+        for entry in entries
+    )
+
+
+def commit_to_cache(stages: list[str]) -> None:
+    """`dvc commit --force` the restored stages: their outputs enter the local cache (else `dvc repro` runs them
+    again, their objects being absent); dvc.lock must come out byte for byte unchanged.
+
+    Raises RuntimeError when it did not (the outputs were not the recorded ones after all)."""
+    lock = Path("dvc.lock").read_bytes()
+    subprocess.run(["dvc", "commit", "--force", *stages], capture_output=True, text=True, check=True)
+    if Path("dvc.lock").read_bytes() != lock:
+        Path("dvc.lock").write_bytes(lock)
+        raise RuntimeError("dvc commit changed dvc.lock: the restored outputs are not the recorded ones")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["save", "restore"])
@@ -146,6 +172,9 @@ def main() -> int:
         print(f"error: {error}")
         return 2
     changed = dvc_changes(stages)
+    if changed and only_not_in_cache(changed):
+        commit_to_cache(stages)  # equal to dvc.lock, only missing from the cache of this clone
+        changed = dvc_changes(stages)
     if changed:
         print(f"DVC still finds changes; `dvc repro` recomputes them: {json.dumps(changed, indent=1)}")
         return 1

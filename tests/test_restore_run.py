@@ -101,3 +101,13 @@ def test_save_then_restore_mirrors_the_outputs(tmp_path, monkeypatch):
     shutil.rmtree("snap/data/s/dir")
     with pytest.raises(FileNotFoundError, match="was not saved"):
         restore_run.restore(["s"], Path("snap"))
+
+
+def test_only_outputs_missing_from_the_cache_are_accepted():
+    missing = {"sft": [{"changed outs": {"data/checkpoints/sft/merged": "not in cache"}}]}
+    assert restore_run.only_not_in_cache(missing)
+    modified = {"sft": [{"changed outs": {"data/checkpoints/sft/merged": "modified"}}]}
+    assert not restore_run.only_not_in_cache(modified)
+    deps = {"sft": [{"changed deps": {"models/sft.py": "modified"}}, {"changed outs": {"a": "not in cache"}}]}
+    assert not restore_run.only_not_in_cache(deps)
+    assert not restore_run.only_not_in_cache({"sft": ["changed checksum"]})
