@@ -1,8 +1,8 @@
 """Save a finished run's trained stages to a committed snapshot, and restore them in another clone instead of
 training again (the default SFT alone is 84 min on 2 AVX512-BF16 cores and ≈ 3 h on AVX2 ones).
 
-    .venv/bin/python scripts/restore_run.py save    [--snapshot DIR] [--stages sft,gate,selfplay,dpo]
-    .venv/bin/python scripts/restore_run.py restore [--snapshot DIR] [--stages sft,gate,selfplay,dpo]
+    .venv/bin/python scripts/restore_run.py save    [--snapshot DIR] [--stages sft,gate,selfplay,dpo,didpo]
+    .venv/bin/python scripts/restore_run.py restore [--snapshot DIR] [--stages sft,gate,selfplay,dpo,didpo]
 
 The DVC remote of a run lives outside git, so a new clone has the run's dvc.lock and metrics but none of its cached
 outputs, and `dvc repro` would train everything again. `save` copies the listed stages' DVC-cached outputs (dvc.yaml
@@ -15,9 +15,8 @@ on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every 
 what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a merge that another
 CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in cache") are
 then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last restored
-stage. Anything DVC still sees
-as changed is printed and the exit status is 1: `dvc repro` will recompute it. A stage whose code dependency changed
-since the run is reported the same way; `dvc commit <stage>` accepts the restored outputs when the change does not
+stage. Anything DVC still sees as changed is printed and the exit status is 1: `dvc repro` will recompute it.
+A stage whose code dependency changed since the run is reported the same way; `dvc commit <stage>` accepts the restored outputs when the change does not
 touch what the stage computes.
 
 Errors (a message, exit status 2): a stage with no cached outputs in the snapshot, a missing start checkpoint.
@@ -34,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_SNAPSHOT = Path("docs/results/default_run")
-DEFAULT_STAGES = "sft,gate,selfplay,dpo"
+DEFAULT_STAGES = "sft,gate,selfplay,dpo,didpo"
 
 
 def cached_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
