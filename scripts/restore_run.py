@@ -16,8 +16,8 @@ what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt
 CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in cache") are
 then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last restored
 stage. Anything DVC still sees as changed is printed and the exit status is 1: `dvc repro` will recompute it.
-A stage whose code dependency changed since the run is reported the same way; `dvc commit <stage>` accepts the restored outputs when the change does not
-touch what the stage computes.
+A stage whose code dependency changed since the run is reported the same way; `dvc commit <stage>` accepts the
+restored outputs when the change does not touch what the stage computes.
 
 Errors (a message, exit status 2): a stage with no cached outputs in the snapshot, a missing start checkpoint.
 """
