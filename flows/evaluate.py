@@ -21,9 +21,12 @@ Everything is logged to the stage's MLflow run.
 
 from __future__ import annotations
 
+import logging
 import tempfile
+from functools import partial
 from pathlib import Path
 
+import yaml
 from prefect import flow
 
 from flows.paths import (
@@ -50,6 +53,8 @@ from tasks.evaluate import (
     comparison_table,
     deltas_markdown,
     evaluate_checkpoint,
+    evaluate_once,
+    evaluation_key,
     flat_metrics,
     pass1_deltas,
     passk_rows,
@@ -64,6 +69,10 @@ from tasks.evaluate import (
 from tasks.io import write_json, write_lines
 from tasks.registry import download_champion
 from tasks.sandbox import make_verifier
+
+logger = logging.getLogger(__name__)
+# one entry per checkpoint evaluation (tasks.evaluate.evaluation_key): a memo beside .cache/openvino, not a DVC out
+EVAL_CACHE = Path(".cache/evaluate")
 
 
 def evaluate_headline(metrics: dict, deltas: dict) -> dict:
@@ -90,15 +99,26 @@ def rl_claim_record(per_problem: dict, families: dict, protocol: dict, params) -
     if not all(per_problem.get(name, {}).get("val") for name in ("dpo", "didpo")):
         return {"verdict": "not measured", "reason": "evaluate.checkpoints does not measure both dpo and didpo on val"}
     commit, dirty = tracking.git_commit()
+    rl = params.didpo
     return rl_claim(
         per_problem["dpo"]["val"],
         per_problem["didpo"]["val"],
         protocol,
-        params.didpo.algo,
+        rl.algo,
         params.register.alpha,
         clusters=families.get("val"),
         start="dpo",
         commit=commit + ("-dirty" if dirty else ""),
+        rl_config={
+            "control": rl.reward.control,
+            "shaping": rl.reward.shaping,
+            "critic": rl.critic,
+            "steps": rl.steps,
+            "prompts_per_step": rl.prompts_per_step,
+            "group_size": rl.group_size,
+            "learning_rate": rl.learning_rate,
+            "seed": rl.seed,
+        },
     )
 
 
@@ -115,6 +135,12 @@ def selection_prefix(params) -> int:
     if every:
         raise ValueError(f"{every} = 0 uses every val problem: the evaluation protocol needs val problems of its own")
     return max(used.values())
+
+
+def evaluation_code() -> list[Path]:
+    """The evaluation code: the evaluate stage's Python deps in dvc.yaml (part of `evaluation_key`)."""
+    stage = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]["evaluate"]
+    return [Path(dep) for dep in stage["deps"] if str(dep).endswith(".py")]
 
 
 @flow(name="evaluate")
@@ -137,11 +163,21 @@ def run(params_path: str = "params.yaml") -> dict:
             checkpoints["champion"] = Path(tmp) / "champion"
         tracking.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
         metrics, per_problem = {}, {}
+        code, reused = evaluation_code(), []
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
-                metrics[name], per_problem[name] = evaluate_checkpoint(
-                    path, params.base_model.dtype, problems, cfg, verifier, EVAL_SAMPLES / name, engine
+                dtype = params.base_model.dtype
+                key = evaluation_key(path, dtype, cfg, protocol["id"], params.verifier, code)
+                metrics[name], per_problem[name], hit = evaluate_once(
+                    key,
+                    EVAL_CACHE,
+                    EVAL_SAMPLES / name,
+                    partial(evaluate_checkpoint, path, dtype, problems, cfg, verifier, EVAL_SAMPLES / name, engine),
                 )
+                if hit:
+                    reused.append(name)
+                    logger.info("%s: same weights, protocol, settings and code as %s: its figures reused", name, key)
+        tracking.set_tags({"didpo.eval_reused": ",".join(reused) or "none"})
         families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
         pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}
         deltas = pass1_deltas(pipeline, families, seed=cfg.seed)

@@ -249,6 +249,59 @@ def evaluate_checkpoint(
     return out, per_problem
 
 
+def evaluation_key(
+    checkpoint: Path, dtype: str, cfg: EvaluateConfig, protocol_id: str, verifier_cfg, code_files: Sequence[Path]
+) -> str:
+    """The identity of one checkpoint's evaluation (64 hex digits): sha256 over the checkpoint's weights digest
+    (`models.checkpoint.checkpoint_hash`), the dtype it is loaded in, the protocol id (`protocol_record`: problems,
+    answers per problem, sampling settings, seed, engine), every ``evaluate`` and ``verifier`` setting, and the path and
+    bytes of each of ``code_files`` (the evaluation code). Answers are sampled with per-sample seeds, so two evaluations
+    with one key compute the same figures. Raises FileNotFoundError for a missing checkpoint or code file."""
+    from dataclasses import asdict
+
+    from models.checkpoint import checkpoint_hash
+
+    digest = hashlib.sha256()
+    settings = {
+        "checkpoint": checkpoint_hash(checkpoint),
+        "dtype": dtype,
+        "protocol": protocol_id,
+        "evaluate": asdict(cfg),
+        "verifier": asdict(verifier_cfg),
+    }
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    for path in sorted(map(Path, code_files)):
+        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def evaluate_once(key: str, cache_dir: Path, samples_dir: Path, compute) -> tuple[dict, dict, bool]:
+    """``compute()`` (`evaluate_checkpoint` of one checkpoint, writing ``samples_dir/<split>.jsonl``) unless
+    ``cache_dir/<key>`` holds its result (`evaluation_key`): then that result, its samples copied to ``samples_dir``.
+    A fresh result is stored there (written to a temporary folder, then renamed, so an interrupted run leaves no
+    partial entry). Returns ``(metrics, per_problem, reused)``; the metrics' ``seconds`` are those of the evaluation
+    that computed them. Nothing ever deletes an entry: ``rm -rf`` the folder to measure everything again."""
+    import shutil
+    import tempfile
+
+    entry = Path(cache_dir) / key
+    if (entry / "result.json").is_file():
+        result = json.loads((entry / "result.json").read_text())
+        Path(samples_dir).mkdir(parents=True, exist_ok=True)
+        for sample in sorted((entry / "samples").glob("*.jsonl")):
+            shutil.copyfile(sample, Path(samples_dir) / sample.name)
+        return result["metrics"], result["per_problem"], True
+    metrics, per_problem = compute()
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=entry.parent) as tmp:
+        shutil.copytree(samples_dir, Path(tmp) / "samples")
+        (Path(tmp) / "result.json").write_text(json.dumps({"metrics": metrics, "per_problem": per_problem}))
+        if not entry.exists():  # another run may have stored the same result meanwhile
+            Path(tmp).rename(entry)
+            Path(tmp).mkdir()  # for TemporaryDirectory's clean-up
+    return metrics, per_problem, False
+
+
 # ----------------------------------------------------------------------------------------------------- reports
 
 
@@ -346,6 +399,7 @@ def rl_claim(
     clusters: Sequence[str] | None = None,
     start: str = "dpo",
     commit: str = "",
+    rl_config: dict | None = None,
 ) -> dict:
     """The RL stage's claim (issue 18): the RL checkpoint against the checkpoint RL started from, on the protocol's
     val problems (every val problem the gate, SFT and DPO do not use), same problems and seeds: the one-sided paired
@@ -360,12 +414,13 @@ def rl_claim(
         clusters: the family of each problem (the cluster check).
         start: the name of the checkpoint the RL stage started from (the DPO stage's export).
         commit: the git commit of the code that ran.
+        rl_config: the RL settings that tell ablation arms apart (reward control, shaping, steps, learning rate, ...).
 
     Returns:
-        ``{"algo", "start_checkpoint", "split", "n_problems", "samples_per_problem", "seed", "protocol", "engine",
-        "delta", "interval", "confidence", "p_value", "p_worse", "method", "mde", "n_discordant", "cluster_p",
-        "alpha", "verdict", "commit"}``; verdict "better" (p_value < alpha and delta > 0), "worse" (p_worse < alpha
-        and delta < 0) or "no change detected".
+        ``{"algo", "rl_config", "start_checkpoint", "split", "n_problems", "samples_per_problem", "seed", "protocol",
+        "engine", "delta", "interval", "confidence", "p_value", "p_worse", "method", "mde", "n_discordant",
+        "cluster_p", "alpha", "verdict", "commit"}``; verdict "better" (p_value < alpha and delta > 0), "worse"
+        (p_worse < alpha and delta < 0) or "no change detected".
 
     Raises:
         ValueError: the score lists differ in length or are empty (`paired_test`).
@@ -382,6 +437,7 @@ def rl_claim(
         verdict = "no change detected"
     return {
         "algo": algo,
+        "rl_config": dict(rl_config or {}),
         "start_checkpoint": start,
         "split": "val",
         "n_problems": better.n,

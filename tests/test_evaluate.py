@@ -273,3 +273,56 @@ def test_the_rl_claim_compares_rl_with_its_start_on_val():
     assert mixed["p_value"] == 0.75 and mixed["p_worse"] == 0.75  # patterns of the two changes with sum >= 0: 3 of 4
     with pytest.raises(ValueError):
         rl_claim(dpo, dpo[:3], protocol, "didpo", 0.05)
+
+
+def test_an_evaluation_is_reused_only_for_the_same_weights_protocol_settings_and_code(tmp_path):
+    """evaluation_key covers what determines the figures, and a recomputation gives the reused figures exactly
+    (per-sample seeds), so `evaluate_once` may skip it."""
+    from dataclasses import replace
+
+    from models.policy import build_tiny_causal_lm
+    from sandbox.verifier import Verifier, VerifierConfig
+    from tasks.config import VerifierSection
+    from tasks.evaluate import evaluate_checkpoint, evaluate_once, evaluation_key
+
+    for seed in (0, 1):
+        model, tokenizer = build_tiny_causal_lm(seed=seed)
+        model.save_pretrained(tmp_path / f"model{seed}")
+        tokenizer.save_pretrained(tmp_path / f"model{seed}")
+    code = tmp_path / "code.py"
+    code.write_text("x = 1\n")
+    cfg = EvaluateConfig(n_samples=4, max_new_tokens=8, process_problems=0)
+    key = evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(), [code])
+    assert key == evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(), [code])
+    changed = [
+        evaluation_key(tmp_path / "model1", "float32", cfg, "p1", VerifierSection(), [code]),
+        evaluation_key(tmp_path / "model0", "bfloat16", cfg, "p1", VerifierSection(), [code]),
+        evaluation_key(tmp_path / "model0", "float32", replace(cfg, n_samples=8), "p1", VerifierSection(), [code]),
+        evaluation_key(tmp_path / "model0", "float32", cfg, "p2", VerifierSection(), [code]),
+        evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(timeout_s=9.0), [code]),
+    ]
+    code.write_text("x = 2\n")
+    changed.append(evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(), [code]))
+    assert len({key, *changed}) == 1 + len(changed)
+
+    problems = {"val": [PROBLEM]}
+    with Verifier(VerifierConfig(workers=1, timeout_s=5.0, cpu_s=2)) as verifier:
+
+        def compute(samples):
+            calls.append(samples)
+            return evaluate_checkpoint(tmp_path / "model0", "float32", problems, cfg, verifier, samples)
+
+        calls = []
+        first = evaluate_once(key, tmp_path / "cache", tmp_path / "run1", lambda: compute(tmp_path / "run1"))
+        again = evaluate_once(key, tmp_path / "cache", tmp_path / "run2", lambda: compute(tmp_path / "run2"))
+        fresh = compute(tmp_path / "run3")
+    assert calls == [tmp_path / "run1", tmp_path / "run3"]  # the second evaluation was reused
+    assert first[2] is False and again[2] is True
+    assert again[:2] == first[:2]
+    assert fresh[1] == first[1]  # recomputed: the same per-problem pass@1 ...
+    drop = ("seconds", "export_seconds")
+    assert {k: v for k, v in fresh[0].items() if k not in drop} == {k: v for k, v in first[0].items() if k not in drop}
+    # ... and the same answers, copied beside the reused figures
+    assert (tmp_path / "run2/val.jsonl").read_text() == (tmp_path / "run1/val.jsonl").read_text()
+    assert (tmp_path / "run3/val.jsonl").read_text() == (tmp_path / "run1/val.jsonl").read_text()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key]  # no temporary folder left

@@ -12,10 +12,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -748,30 +750,51 @@ def test_concurrent_verifiers_replacing_workers_do_not_interfere():
 # ---------------------------------------------------------------- the parent is interrupted
 
 
+KEYBOARD_INTERRUPT = """
+import os, sys
+from sandbox.verifier import Verifier, VerifierConfig
+from tests.test_verifier_hostile import CHECK_F, processes_of
+
+program = (
+    "import os, time\\ndef f(x):\\n    if os.fork() == 0:\\n        os.setsid()\\n        time.sleep(600)\\n"
+    "    time.sleep(600)\\n"
+)
+v = Verifier(VerifierConfig(workers=2, timeout_s=60, sandbox_uid_base=2_800_000))  # uids nobody else uses
+workers, uids = v.worker_pids, set(v.sandbox_uids)
+print("checking", flush=True)
+try:
+    v.check_many([(program, CHECK_F, "f")] * 4)
+except KeyboardInterrupt:
+    assert processes_of(uids) == [], processes_of(uids)
+    for pid in workers:  # stopped and reaped by the verifier
+        assert not os.path.exists(f"/proc/{pid}"), pid
+    assert v.check("def f(x):\\n    return x + 1\\n", CHECK_F, "f").passed  # a fresh pool on demand
+    v.close()
+    print("interrupted and clean", flush=True)
+    sys.exit(0)
+sys.exit("check_many returned: the interrupt was lost")
+"""
+
+
 def test_keyboard_interrupt_kills_every_program():
-    program = (
-        "import os, time\ndef f(x):\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(600)\n"
-        "    time.sleep(600)\n"
+    """Ctrl-C (SIGINT to the process, Python's default handler) while programs that fork and sleep are running.
+    In a fresh interpreter, as a person's Ctrl-C reaches a run: inside the test process the libraries earlier tests
+    loaded (their threads and signal handlers) once made the interrupt crash the interpreter (SIGSEGV in CI)."""
+    root = Path(__file__).parents[1]
+    child = subprocess.Popen(
+        [sys.executable, "-c", KEYBOARD_INTERRUPT], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    v = Verifier(VerifierConfig(workers=2, timeout_s=60, sandbox_uid_base=2_800_000))  # uids nobody else uses
-    workers, uids = v.worker_pids, set(v.sandbox_uids)
-    # Ctrl-C as Python delivers it by default: a library imported by an earlier test may have left its own handler.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    # To the main thread itself: a process-directed signal may land on any thread (earlier tests leave some
-    # running), and then the main thread's blocking wait is not interrupted.
-    interrupt = threading.Timer(1.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-    interrupt.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            v.check_many([(program, CHECK_F, "f")] * 4)
-        assert processes_of(uids) == []
-        for pid in workers:  # stopped and reaped by the verifier
-            assert not os.path.exists(f"/proc/{pid}")
-        assert v.check("def f(x):\n    return x + 1\n", CHECK_F, "f").passed  # a fresh pool on demand
+        assert child.stdout.readline().strip() == "checking", child.stderr.read()
+        time.sleep(1.5)  # the programs are running (and forking)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
     finally:
-        interrupt.cancel()
-        signal.signal(signal.SIGINT, previous)
-        v.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert out.strip() == "interrupted and clean", (out, err)
 
 
 # ---------------------------------------------------------------- degraded set-ups, driven over the worker protocol
