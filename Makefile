@@ -62,15 +62,19 @@ test-slow: setup-dev
 lint: setup-dev
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# RL ablation (issues 7, 18): grpo, dapo, rft, didpo with the group control, then didpo (start-policy control) on the
-# same DPO checkpoint, seeds, prompt pool and rollout budget, one DVC experiment each (the default last, so the
-# workspace ends where it started); the table is printed in Markdown.
-ABLATION_KEEP := '^(Experiment|didpo\.algo|didpo\.reward\.control|pass_rate/mean|pass_rate/last|reward/outcome/mean|reward/outcome/last|groups_sampled/mean|frac_zero_std_groups/mean|groups_trained/mean|reward/did/mean|response_length/mean|kl_start/last|approx_kl/mean|entropy/mean|pool/pool_size)$$'
+# RL ablation (issue 18; docs/results/rl_ablation/preregistration.md): rft, grpo, dapo and didpo with the group
+# control against the default arm (didpo, start-policy control: the default run's claim), each from the same DPO
+# checkpoint, pool, seeds and rollout budget, each measured under the default's evaluation protocol (DPO's figures are
+# reused from .cache/evaluate after the first arm); one DVC experiment per arm, its claim recorded in
+# docs/results/rl_ablation/ and the table written there. ARMS= picks arms (e.g. make ablation ARMS="rft grpo").
+ARMS ?= rft grpo dapo didpo-group
 ablation: setup
-	for a in grpo dapo rft; do $(BIN)/dvc exp run didpo -S didpo.algo=$$a || exit 1; done
-	$(BIN)/dvc exp run didpo -S didpo.algo=didpo -S didpo.reward.control=group
-	$(BIN)/dvc exp run didpo -S didpo.algo=didpo -S didpo.reward.control=start_policy
-	$(BIN)/dvc exp show --md --no-pager --drop '.*' --keep $(ABLATION_KEEP)
+	for arm in $(ARMS); do \
+	  case $$arm in didpo-group) set -- -S didpo.algo=didpo -S didpo.reward.control=group ;; *) set -- -S didpo.algo=$$arm ;; esac; \
+	  $(BIN)/dvc exp run evaluate "$$@" -S 'evaluate.checkpoints=[dpo,didpo]' || exit 1; \
+	  $(BIN)/python scripts/rl_ablation.py record $$arm || exit 1; \
+	done
+	$(BIN)/python scripts/rl_ablation.py table
 
 # The larger configuration (README, "Larger configuration"): 4x the RL steps, 20 val problems (1 a family), DPO vs RL only.
 LARGE := -S didpo.steps=24 -S evaluate.val_per_family=1 -S evaluate.test_problems=2 -S evaluate.humaneval_problems=2 \
