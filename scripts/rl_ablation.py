@@ -30,7 +30,8 @@ DEFAULT_RUN = {
 
 
 def arm_record(claim: dict, per_problem: dict) -> dict:
-    """One arm: its claim and the val pass@1 of every problem for its RL (``didpo``) and DPO checkpoints. Raises
+    """One arm: its claim and the val pass@1 of every problem (``{task_id: pass@1}``) for its RL (``didpo``) and DPO
+    checkpoints. Raises
     ValueError when the claim and the scores come from two protocols or a checkpoint was not measured on val."""
     if claim.get("protocol") != per_problem.get("protocol"):
         raise ValueError(f"claim protocol {claim.get('protocol')} != scores' protocol {per_problem.get('protocol')}")
@@ -74,20 +75,22 @@ def table(arms: dict[str, dict]) -> str:
         "| p better than default |",
         "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
+    problems = sorted(base["val"]["dpo"])  # task ids; every arm's scores are paired by them
+    default = [base["val"]["didpo"][p] for p in problems]
     for name, arm in arms.items():
         c = arm["claim"]
-        rl = arm["val"]["didpo"]
+        rl = [arm["val"]["didpo"][p] for p in problems]
         if name == DEFAULT_ARM:
             versus = "–", "–"
         else:
-            t = paired_test(base["val"]["didpo"], rl, seed=c["seed"])
+            t = paired_test(default, rl, seed=c["seed"])
             versus = f"{t.effect:+.3f} [{t.low:+.3f}, {t.high:+.3f}]", f"{t.p_value:.3f}"
         low, high = c["interval"]
         lines.append(
             f"| {name} | {sum(rl) / len(rl):.3f} | {c['delta']:+.3f} [{low:+.3f}, {high:+.3f}] | {c['p_value']:.3f} "
             f"| {c['p_worse']:.3f} | {c['mde']:.3f} | {c['verdict']} | {versus[0]} | {versus[1]} |"
         )
-    dpo = base["val"]["dpo"]
+    dpo = list(base["val"]["dpo"].values())
     lines += ["", f"DPO (the start of every arm): val pass@1 {sum(dpo) / len(dpo):.3f}."]
     return "\n".join(lines) + "\n"
 
