@@ -67,10 +67,12 @@ lint: setup-dev
 # checkpoint, pool, seeds and rollout budget, each measured under the default's evaluation protocol (DPO's figures are
 # reused from .cache/evaluate after the first arm); one DVC experiment per arm, its claim recorded in
 # docs/results/rl_ablation/ and the table written there. ARMS= picks arms (e.g. make ablation ARMS="rft grpo").
+# Every arm sets its control explicitly (DVC leaves the last arm's params applied to the workspace: git checkout
+# params.yaml dvc.lock and `scripts/restore_run.py restore` return to the default run).
 ARMS ?= rft grpo dapo didpo-group
 ablation: setup
 	for arm in $(ARMS); do \
-	  case $$arm in didpo-group) set -- -S didpo.algo=didpo -S didpo.reward.control=group ;; *) set -- -S didpo.algo=$$arm ;; esac; \
+	  case $$arm in didpo-group) set -- -S didpo.algo=didpo -S didpo.reward.control=group ;; *) set -- -S didpo.algo=$$arm -S didpo.reward.control=start_policy ;; esac; \
 	  $(BIN)/dvc exp run evaluate "$$@" -S 'evaluate.checkpoints=[dpo,didpo]' || exit 1; \
 	  $(BIN)/python scripts/rl_ablation.py record $$arm || exit 1; \
 	done

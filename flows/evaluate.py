@@ -163,10 +163,9 @@ def run(params_path: str = "params.yaml") -> dict:
             checkpoints["champion"] = Path(tmp) / "champion"
         tracking.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
         metrics, per_problem = {}, {}
-        code, reused = evaluation_code(), []
+        code, dtype, reused = evaluation_code(), params.base_model.dtype, []
         with make_verifier(params.verifier) as verifier:
             for name, path in checkpoints.items():
-                dtype = params.base_model.dtype
                 key = evaluation_key(path, dtype, cfg, protocol["id"], params.verifier, code)
                 metrics[name], per_problem[name], hit = evaluate_once(
                     key,
