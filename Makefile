@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large
+.PHONY: git-identity setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large screenshots
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,13 @@ run-large: setup
 bench: setup-dev export-env
 	$(BIN)/dvc repro base_model prepare
 	$(BIN)/python benchmarks/run_all.py
+
+# Headless-browser screenshots of this clone's MLflow, Prefect and DVC views (docs/screenshots/), offline: Debian's
+# Chromium (`apt-get install chromium`; no browser is downloaded) driven by Playwright.
+screenshots: setup
+	@command -v chromium >/dev/null || { echo "needs Chromium: apt-get install chromium (as root)"; exit 1; }
+	$(BIN)/pip install -q -e '.[screenshots]'
+	$(BIN)/python scripts/screenshots.py
 
 ui: setup
 	$(BIN)/didpo ui

@@ -271,6 +271,9 @@ def plots(
     typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
 
 
+MLFLOW_UI = "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
+
+
 @app.command()
 def ui() -> None:
     """Print how to open the MLflow and Prefect UIs on this project's embedded state."""
@@ -279,7 +282,9 @@ def ui() -> None:
 
     uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
     typer.echo("MLflow (runs, metrics, artifacts, registry):")
-    typer.echo(f"  {sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   → http://127.0.0.1:5000")
+    # MLflow 3's UI opens in its GenAI view unless the address asks for the model-training one (a browser setting).
+    typer.echo(f"  {sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000")
+    typer.echo(f"  → {MLFLOW_UI}")
     typer.echo("Prefect (flow runs, deployments):")
     typer.echo(f"  PREFECT_HOME={os.environ['PREFECT_HOME']} {Path(sys.executable).parent}/prefect server start")
     typer.echo(f'  → {PREFECT_UI} (the runs\' "View at" links point here)')

@@ -13,7 +13,10 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -71,11 +74,53 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) ->
 PARENT_TASK_RUN_ENV = "DIDPO_PARENT_TASK_RUN"
 
 
+# DVC's advice after a stage that does not apply to a run of this pipeline, which pushes the outputs itself and leaves
+# committing to the person: "To track the changes with git, run: …" and "To enable auto staging, run: …"
+# (dvc.repo.scm_context, each a heading then blank and tab-indented command lines) and "Use `dvc push` to send your
+# updates to remote storage." (dvc.commands.repro). DVC has no switch for them short of ``--quiet``, which also hides
+# "Running stage" and "didn't change, skipping".
+DVC_HINT_HEADINGS = ("To track the changes with git, run:", "To enable auto staging, run:")
+DVC_PUSH_HINT = "Use `dvc push` to send your updates to remote storage."
+
+
+def without_dvc_hints(lines: Iterable[str]) -> Iterator[str]:
+    """`lines` (DVC's standard output, each with its newline) without DVC's git and push hints: a hint block is its
+    heading, the blank lines just before it and the blank and tab-indented lines after it; everything else passes
+    unchanged and in order."""
+    blanks: list[str] = []  # blank lines held back until the next line says whether a hint follows them
+    in_hint = False
+    for line in lines:
+        text = line.strip()
+        if not text:
+            blanks.append(line)
+            continue
+        if text in DVC_HINT_HEADINGS or text == DVC_PUSH_HINT:
+            blanks, in_hint = [], text in DVC_HINT_HEADINGS
+            continue
+        if in_hint and line.startswith("\t"):
+            blanks = []
+            continue
+        in_hint = False
+        yield from blanks
+        blanks = []
+        yield line
+    if not in_hint:
+        yield from blanks
+
+
+def _echo_without_hints(stream) -> None:
+    for line in without_dvc_hints(stream):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
-    """``dvc repro --single-item NAME`` (its output streams to the console), in its own process group, with this task
-    run's id in ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow): a Ctrl-C
-    (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only once it has stopped.
+    """``dvc repro --single-item NAME``, in its own process group, with this task run's id in
+    ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow). Its standard output streams to the console as it
+    comes, less DVC's git and push hints (`without_dvc_hints`); its standard error (logs, progress bars) is the
+    console's. A Ctrl-C (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only
+    once it has stopped.
 
     Raises:
         StageFailed: the stage's command exited non-zero.
@@ -84,13 +129,21 @@ def repro_stage(name: str) -> None:
     from prefect.runtime import task_run
 
     # The stage's own flow run (created in its process, only when DVC runs it) becomes a subflow of this task run.
-    env = {**os.environ, PARENT_TASK_RUN_ENV: str(task_run.id)}
-    proc = subprocess.Popen(["dvc", "repro", "--single-item", name], start_new_session=True, env=env)
+    # Unbuffered: the stage's own prints reach the console when made although its standard output is a pipe.
+    env = {**os.environ, PARENT_TASK_RUN_ENV: str(task_run.id), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        ["dvc", "repro", "--single-item", name], start_new_session=True, env=env, stdout=subprocess.PIPE, text=True
+    )
+    # A thread pumps the pipe so that this thread can wait, and pass on a Ctrl-C, exactly as before.
+    echo = threading.Thread(target=_echo_without_hints, args=(proc.stdout,), daemon=True)
+    echo.start()
     try:
         returncode = proc.wait()
     except KeyboardInterrupt:
         stop_process_group(proc)
+        echo.join(timeout=5.0)
         raise
+    echo.join(timeout=5.0)
     if returncode != 0:
         raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
 

@@ -46,6 +46,7 @@ def test_ui_prints_both_uis():
     result = runner.invoke(app, ["ui"])
     assert result.exit_code == 0
     assert "mlflow ui --backend-store-uri" in result.output and "prefect server start" in result.output
+    assert "workflowType=machine_learning" in result.output  # MLflow's model-training view, not its GenAI one
 
 
 def test_flow_run_links_point_at_the_ui_that_serves_the_runs_database(monkeypatch, tmp_path):

@@ -126,3 +126,45 @@ def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
     assert pipeline.progress_line(3, order, 3800, timings) == "stage 3/3: gate (elapsed 1 h 03 min, ETA 3 min 09 s)"
     pipeline.TIMINGS.write_text("not json")
     assert pipeline.read_stage_seconds() == {}  # an unreadable file means no ETA, not a crash
+
+
+def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
+    """The real ``dvc repro`` output of a git-tracked DVC project (DVC prints its hints there) through
+    `without_dvc_hints`: the hints are gone; every other line, the stage's own tab-indented output included, is kept in
+    order."""
+    import os
+    import subprocess
+    import sys
+
+    from flows.pipeline import DVC_HINT_HEADINGS, DVC_PUSH_HINT, without_dvc_hints
+
+    dvc = str(Path(sys.executable).parent / "dvc")
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "DVC_NO_ANALYTICS": "1",
+    }
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True, env=env)
+    subprocess.run([dvc, "init", "-q"], cwd=tmp_path, check=True, env=env)
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  make:\n"
+        "    cmd: printf 'made\\n\\tindented by the stage\\n' && echo 1 > out.txt\n"
+        "    outs: [out.txt]\n"
+    )
+    raw = subprocess.run(
+        [dvc, "repro", "--single-item", "make"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert all(h in raw for h in DVC_HINT_HEADINGS) and DVC_PUSH_HINT in raw  # what DVC prints today
+
+    kept = "".join(without_dvc_hints(raw.splitlines(keepends=True)))
+    assert "git add" not in kept and "autostage" not in kept and "dvc push" not in kept
+    assert "Running stage 'make'" in kept and "made\n\tindented by the stage\n" in kept
+    lines = raw.splitlines(keepends=True)
+    dropped = [line for line in lines if line.strip()]
+    kept_lines = [line for line in kept.splitlines(keepends=True) if line.strip()]
+    assert kept_lines == [line for line in dropped if line in kept_lines]  # a subsequence: order kept
+    assert len(dropped) - len(kept_lines) == 5  # 2 headings, `git add …`, `dvc config core.autostage true`, push
+    assert "\n\n\n" not in kept  # the blank lines around a hint go with it
