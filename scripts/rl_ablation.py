@@ -4,10 +4,12 @@ protocol's val problems.
 
     python scripts/rl_ablation.py record ARM      # after `dvc exp run evaluate -S didpo.algo=...` (make ablation)
     python scripts/rl_ablation.py table           # docs/results/rl_ablation/table.md from every recorded arm
+    python scripts/rl_ablation.py freeze-reference  # once: the default run (docs/results/) as the reference arm
 
 ``record`` copies the run's claim (data/evaluate/rl_claim.json) and the per-problem val pass@1 of its RL and DPO
 checkpoints (data/evaluate/per_problem.json) to docs/results/rl_ablation/ARM.json. ``table`` adds the default arm
-(the default run: docs/results/rl_claim.json, docs/results/default_run/per_problem.json), refuses arms measured under
+(the pre-registered default, didpo with the start-policy control: the session-15 default run's claim and val scores,
+frozen in docs/results/rl_ablation/reference/ by ``freeze-reference`` before the default changed), refuses arms measured under
 another protocol or from other DPO figures, and tests each arm against the default arm with the promotion rule's
 one-sided paired sign-flip test (`models.significance.paired_test`), per the rule written before the figures
 (docs/results/rl_ablation/preregistration.md).
@@ -23,6 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs/results/rl_ablation"
 DEFAULT_ARM = "didpo (start_policy)"
+# The arm every other is tested against: the default when the ablation was pre-registered (kept when the default
+# changes; docs/results/rl_claim.json then holds the new default's claim).
+REFERENCE = OUT / "reference" / "didpo_start_policy.json"
 DEFAULT_RUN = {
     "claim": ROOT / "docs/results/rl_claim.json",
     "scores": ROOT / "docs/results/default_run/per_problem.json",
@@ -45,8 +50,7 @@ def arm_record(claim: dict, per_problem: dict) -> dict:
 def load_arms() -> dict[str, dict]:
     """The default arm, then every recorded arm (file name order). Raises ValueError for a mixed protocol or DPO
     figures that differ from the default's (another start checkpoint or seeds)."""
-    default = json.loads(DEFAULT_RUN["claim"].read_text())
-    arms = {DEFAULT_ARM: arm_record(default, json.loads(DEFAULT_RUN["scores"].read_text()))}
+    arms = {DEFAULT_ARM: json.loads(REFERENCE.read_text())}
     for path in sorted(OUT.glob("*.json")):
         arms[path.stem] = json.loads(path.read_text())
     base = arms[DEFAULT_ARM]
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = sub.add_parser("record", help="copy this run's claim and val scores to docs/results/rl_ablation/ARM.json")
     rec.add_argument("arm")
     sub.add_parser("table", help="write and print docs/results/rl_ablation/table.md")
+    sub.add_parser("freeze-reference", help="the default run (docs/results/) as the reference arm, once")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.command == "record":
@@ -109,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{args.arm}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         print(f"{args.arm}: Δ {claim['delta']:+.3f}, p better {claim['p_value']:.3f}, verdict {claim['verdict']}")
+    elif args.command == "freeze-reference":
+        if REFERENCE.exists():
+            raise SystemExit(f"{REFERENCE} exists: the reference arm is written once")
+        claim = json.loads(DEFAULT_RUN["claim"].read_text())
+        record = arm_record(claim, json.loads(DEFAULT_RUN["scores"].read_text()))
+        REFERENCE.parent.mkdir(parents=True, exist_ok=True)
+        REFERENCE.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        print(f"{REFERENCE}: Δ {claim['delta']:+.3f}, verdict {claim['verdict']}")
     else:
         text = table(load_arms())
         (OUT / "table.md").write_text(text)

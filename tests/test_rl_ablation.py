@@ -41,7 +41,11 @@ def recorded(tmp_path, monkeypatch):
         rl_ablation, "DEFAULT_RUN", {"claim": tmp_path / "claim.json", "scores": tmp_path / "scores.json"}
     )
     monkeypatch.setattr(rl_ablation, "OUT", tmp_path / "arms")
+    monkeypatch.setattr(rl_ablation, "REFERENCE", tmp_path / "arms" / "reference" / "didpo_start_policy.json")
     (tmp_path / "arms").mkdir()
+    assert rl_ablation.main(["freeze-reference"]) == 0
+    with pytest.raises(SystemExit, match="written once"):  # a later default run cannot replace the reference
+        rl_ablation.main(["freeze-reference"])
     return tmp_path, dpo
 
 
