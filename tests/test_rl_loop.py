@@ -47,6 +47,7 @@ from tasks.didpo import summarise_history
 
 # Small and quick; every test states what it changes.
 BASE = dict(
+    algo="didpo",  # the loop under test is DiDPO's (the stage's default algo is rft since the session-17 ablation)
     steps=2,
     prompts_per_step=2,
     group_size=4,
@@ -808,9 +809,10 @@ def test_v2_config_checks_name_the_key():
     with pytest.raises(ValueError, match=r"didpo.reward.w_format \(0.6\) must be < 1 - didpo.reward.w_partial"):
         ProcessRewardConfig(w_partial=0.5, w_format=0.6)
     with pytest.raises(ValueError, match="start_policy needs the screen"):
-        DiDPOConfig(screen_samples=0)
-    assert DiDPOConfig(screen_samples=0, reward=ProcessRewardConfig(control="group")).uses_critic is False
-    assert DiDPOConfig(critic=True).uses_critic and not DiDPOConfig(algo="grpo", critic=True).uses_critic
+        DiDPOConfig(algo="didpo", screen_samples=0)
+    group = ProcessRewardConfig(control="group")
+    assert DiDPOConfig(algo="didpo", screen_samples=0, reward=group).uses_critic is False
+    assert DiDPOConfig(algo="didpo", critic=True).uses_critic and not DiDPOConfig(algo="grpo", critic=True).uses_critic
 
 
 def test_the_stage_task_checks_the_budget_then_writes_the_pool(tmp_path, monkeypatch):
