@@ -48,12 +48,16 @@ def run_stage_flow(name: str, params: str):
 LAUNCHED_STAGES = ("sft", "dpo", "didpo")  # the training stages: data parallel under ``launch.num_processes`` > 1
 
 
-def launch_command(num_processes: int, target: list[str]) -> list[str]:
+def launch_command(num_processes: int, target: list[str], config_file: str = "") -> list[str]:
     """The ``accelerate launch`` command that runs `target` (a script and its arguments, or ``["-m", module, ...]``)
     in `num_processes` data-parallel processes on this machine (torchrun underneath: one per GPU on CUDA, gloo
-    processes on a CPU-only machine), rendezvous on a free local port. Every launch option is given, so no
-    accelerate config file is read; ``--multi_gpu`` is accelerate's name for "torchrun with N processes" (its
-    ``--cpu`` launcher would start one process)."""
+    processes on a CPU-only machine), rendezvous on a free local port.
+
+    Without `config_file` it is DDP: every launch option is given, so no accelerate config file is read;
+    ``--multi_gpu`` is accelerate's name for "torchrun with N processes" (its ``--cpu`` launcher would start one
+    process). With `config_file` (``launch.config_file``, e.g. ``configs/accelerate_fsdp2.yaml``) the file chooses
+    the kind of parallelism (FSDP2), and the process count, machine count, precision ("no": the stages autocast
+    themselves) and port given here override its own."""
     import socket
 
     with socket.socket() as s:  # a free port for the process group's rendezvous
@@ -61,7 +65,8 @@ def launch_command(num_processes: int, target: list[str]) -> list[str]:
         port = s.getsockname()[1]
     options = {"--num_processes": num_processes, "--num_machines": 1, "--mixed_precision": "no"}
     options.update({"--dynamo_backend": "no", "--main_process_port": port})
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    launch += ["--config_file", config_file] if config_file else ["--multi_gpu"]
     return launch + [str(x) for pair in options.items() for x in pair] + list(target)
 
 
@@ -198,7 +203,7 @@ def stage(
             return
         if name in LAUNCHED_STAGES and launch.num_processes > 1 and "RANK" not in os.environ:
             stage_command = ["-m", "flows.cli", "stage", name, "--params", str(params)]
-            code = _run_launcher(launch_command(launch.num_processes, stage_command))
+            code = _run_launcher(launch_command(launch.num_processes, stage_command, launch.config_file))
             if code:
                 raise typer.Exit(code)
             return

@@ -123,10 +123,19 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
         generator.set_state(state["generators"][key])
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole value of `tensor`: a sharded ``DTensor`` (FSDP2's parameters and optimizer states) is all-gathered,
+    so every process of its mesh must call this in the same order; any other tensor is returned as is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the parameters that require grad, by name (LoRA adapters only, or every weight in full
-    fine-tuning). Tied parameters appear once, under their first name."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    fine-tuning). Tied parameters appear once, under their first name. Sharded parameters (FSDP2) are gathered whole
+    (`full_tensor`: a collective, every process calls it), so the result is the same in one process and in N."""
+    return {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -161,7 +170,42 @@ def load_trainable_state_dict(model: torch.nn.Module, state: Mapping[str, torch.
         raise KeyError(f"trainable weights do not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
     with torch.no_grad():
         for name, param in params.items():
-            param.copy_(state[name])
+            param.copy_(_like(param, state[name]))
+
+
+def _like(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """`value` (a whole tensor of `param`'s shape) placed as `param` is: this process's shard of it when `param` is a
+    sharded ``DTensor`` (every process holds the whole value, so nothing is communicated), else `value` itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
+        return value
+    value = value.to(device=param.device, dtype=param.dtype)
+    return distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with every sharded state (FSDP2's ``exp_avg`` …) gathered whole (`full_tensor`:
+    every process calls it): the format one process writes, so a checkpoint resumes under any number of processes."""
+    state = optimizer.state_dict()
+    full = {
+        i: {k: full_tensor(v) if hasattr(v, "shape") else v for k, v in s.items()} for i, s in state["state"].items()
+    }
+    return {**state, "state": full}
+
+
+def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+    """The inverse of `full_optimizer_state`: each whole state tensor shaped like its parameter is cut to this
+    process's shard when the parameter is a sharded ``DTensor``, then ``optimizer.load_state_dict``."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    placed = {}
+    for i, s in state["state"].items():
+        param = params[int(i)]
+        placed[i] = {
+            k: _like(param, v) if hasattr(v, "shape") and tuple(v.shape) == tuple(param.shape) else v
+            for k, v in s.items()
+        }
+    optimizer.load_state_dict({**state, "state": placed})
 
 
 @contextmanager

@@ -782,7 +782,7 @@ def ppo_update(
         autocast: a bf16 autocast factory or None.
         policy: False = critic warm-up (value loss only, the backbone without gradients).
         dp: a `models.distributed.DataParallel`, or None (one process).
-        trainer: with ``dp.world_size`` > 1, ``dp.wrap(policy_and_value(model, value_head))``.
+        trainer: with ``dp.world_size`` > 1, the trainer ``dp.prepare`` made of ``policy_and_value(model, value_head)``.
 
     Returns:
         the minibatch-mean of every `ppo_losses` stat, plus ``updates`` (optimizer steps done) and
@@ -812,7 +812,10 @@ def ppo_update(
                     loss.backward()
                 else:
                     stats = _data_parallel_backward(trainer, value_head, batch, index, cfg, autocast, policy, dp)
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
+                if dp is not None:
+                    stats["grad_norm"] = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
+                else:
+                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
                 optimizer.step()
                 updates += 1
                 for key, value in stats.items():
@@ -830,13 +833,15 @@ def ppo_update(
 
 def policy_and_value(model, value_head):
     """The policy and its value head (or None) as one ``torch.nn.Module`` whose forward is `policy_forward`, so that
-    one DDP wrapper averages the gradients of both (`models.distributed.DataParallel.wrap`)."""
+    one DDP (or FSDP2) wrapper averages the gradients of both (`models.distributed.DataParallel.prepare`)."""
     import torch
 
     class PolicyAndValue(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.model, self.value_head = model, value_head
+            # FSDP's transformer-layer wrap policy looks for the model's layer class names here
+            self._no_split_modules = getattr(model, "_no_split_modules", None)
 
         def forward(self, minibatch, autocast, backbone_grad: bool, temperature: float):
             return policy_forward(
@@ -1068,7 +1073,7 @@ def train_didpo(
     from tqdm.auto import tqdm
 
     from models.advantages import RunningMeanStd
-    from models.checkpoint import set_seed, weights_digest
+    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict, weights_digest
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
@@ -1120,10 +1125,12 @@ def train_didpo(
     if cfg.uses_critic:
         value_head = ValueHead(model.config.hidden_size).to(device)
         groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
-    params = [p for g in groups for p in g["params"]]
-    # DDP over the processes (rank 0's parameters broadcast to all); None in one process
-    trainer = dp.wrap(policy_and_value(model, value_head)) if dp.world_size > 1 else None
     optimizer = torch.optim.AdamW(groups)
+    export_copy = dp.export_copy(model)  # rank 0's copy to export from when FSDP2 shards the model in place
+    trainer = None  # one process: the loop calls the policy and the head itself
+    if dp.world_size > 1:  # DDP or FSDP2 over the processes, one wrapper around the policy and the head
+        trainer, optimizer = dp.prepare(policy_and_value(model, value_head), optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
     normaliser = RunningMeanStd() if cfg.normalize_rewards else None
     fingerprint = _fingerprint(cfg, problems, initial_weights)
@@ -1143,7 +1150,7 @@ def train_didpo(
     if ckpt is not None and ckpt.state.get("pool") is not None:
         pool = PromptPool.from_state(ckpt.state["pool"])
     elif cfg.screen_samples:
-        with start_policy() as screener:
+        with dp.full_params(trainer), start_policy() as screener:
             pool = screen_prompt_pool(screener, tokenizer, problems, cfg, verifier)
     if pool is not None:
         by_id = {p["task_id"]: p for p in problems}
@@ -1159,18 +1166,16 @@ def train_didpo(
     if ckpt is not None:
         restore_loop_state(ckpt, model, optimizer, order, generators)
         if value_head is not None:
-            value_head.load_state_dict(ckpt.tensors["value_head"])
+            load_trainable_state_dict(value_head, ckpt.tensors["value_head"])
         if normaliser is not None:
             normaliser.load_state_dict(ckpt.state["reward_normaliser"])
         step, history = ckpt.step, ckpt.state["history"]
     rollout_log = _RolloutLog(rollouts_path, step, set_aside=bool(superseded)) if dp.is_main else None
 
-    def write_checkpoint() -> None:
-        if not dp.is_main:
-            return
+    def write_checkpoint() -> None:  # every rank (sharded states are gathered), rank 0 writes
         tensors = {}
         if value_head is not None:
-            tensors["value_head"] = {k: v.detach().clone() for k, v in value_head.state_dict().items()}
+            tensors["value_head"] = trainable_state_dict(value_head)
         replaced_previous_run = bool(superseded)
         save_loop_state(
             ckpt_root,
@@ -1187,6 +1192,7 @@ def train_didpo(
                 "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
                 "history": history,
             },
+            write=dp.is_main,
         )
         if replaced_previous_run and rollout_log is not None:
             rollout_log.drop_previous()
@@ -1204,13 +1210,15 @@ def train_didpo(
         sync_time = 0.0
         if engine is not None:  # the engine samples from this step's policy
             t0 = time.perf_counter()
-            engine.load_weights(model)
+            with dp.full_params(trainer):
+                engine.load_weights(model)
             sync_time = time.perf_counter() - t0
         while True:
             chosen = [train_problems[i] for i in order.take(want)]
             t0 = time.perf_counter()
             seed = sampling_seed(cfg.seed, step, draw)
-            new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, seed, draw, engine=engine)
+            with dp.full_params(trainer):
+                new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, seed, draw, engine=engine)
             if cfg.algo == "didpo":
                 assign_process_rewards(new, cfg, controls)
             sample_time += time.perf_counter() - t0
@@ -1254,9 +1262,16 @@ def train_didpo(
             batch = build_batch(rollouts, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             mask = batch["completion_mask"]
-            old_values, logps, ref_logps = _no_grad_passes(
-                model, batch, value_head, autocast, cfg.minibatch_size * dp.world_size, start_policy, cfg.temperature
-            )
+            with dp.full_params(trainer):
+                old_values, logps, ref_logps = _no_grad_passes(
+                    model,
+                    batch,
+                    value_head,
+                    autocast,
+                    cfg.minibatch_size * dp.world_size,
+                    start_policy,
+                    cfg.temperature,
+                )
             # drift and health, on the step's own samples before its update (DIDPO.md, "Loss": always logged)
             metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps, ref_logps), mask))
             known = mask * torch.isfinite(batch["old_per_token_logps"])  # an engine may not report log-probs (NaN)
@@ -1319,8 +1334,11 @@ def train_didpo(
     model.eval()
     trainable, _ = count_parameters(model)
     adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
+    to_export = dp.exportable(model, export_copy)
+    if dp.sharded and value_head is not None:  # the critic whole, as one process returns it
+        value_head = _whole_value_head(value_head, model.config.hidden_size)
     if dp.is_main:
-        adapter_path, merged_path = export(model, tokenizer, out_dir, cfg.lora)
+        adapter_path, merged_path = export(to_export, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
     return DiDPOResult(
         global_step=step,
@@ -1333,6 +1351,16 @@ def train_didpo(
         pool=pool,
         pool_path=pool_path if pool is not None else None,
     )
+
+
+def _whole_value_head(value_head, hidden_size: int):
+    """A plain CPU `ValueHead` with the trained (FSDP2-sharded) head's weights gathered into it (a collective)."""
+    from models.checkpoint import load_trainable_state_dict, trainable_state_dict
+    from models.value_head import ValueHead
+
+    whole = ValueHead(hidden_size)
+    load_trainable_state_dict(whole, trainable_state_dict(value_head))
+    return whole
 
 
 def _write_json(path: Path, payload: dict) -> None:

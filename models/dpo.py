@@ -685,8 +685,11 @@ def train_dpo(
     per_step = cfg.batch_size * cfg.grad_accum_steps * dp.world_size  # the global batch (batch_size is per process)
     cap = math.ceil(MAX_EPOCHS * len(train) / per_step)
     total_steps = min(cfg.max_steps or math.ceil(cfg.epochs * len(train) / per_step), cap)
-    optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
-    trainer = dp.wrap(model)  # DDP over the processes (the model itself in one): the training forward only
+    optimizer, _ = adamw(model, cfg.learning_rate, cfg.weight_decay)
+    export_copy = dp.export_copy(model)  # rank 0's copy to export from when FSDP2 shards the model in place
+    # DDP or FSDP2 over the processes (the model itself in one): the training forward goes through the trainer
+    trainer, optimizer = dp.prepare(model, optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
     generators = {"data": order.generator}
@@ -714,9 +717,7 @@ def train_dpo(
             cfg, chosen, rejected, ref["eval_chosen"], ref["eval_rejected"], n_chosen, n_rejected, "dpo/eval_"
         )
 
-    def write_checkpoint() -> None:
-        if not dp.is_main:
-            return
+    def write_checkpoint() -> None:  # every rank (sharded states are gathered), rank 0 writes
         tensors = {"reference": ref}
         if best_weights is not None:
             tensors["best"] = best_weights
@@ -740,6 +741,7 @@ def train_dpo(
                 "displacement_step": displacement_step,
                 "history": history,
             },
+            write=dp.is_main,
         )
 
     if evaluate and step == 0:
@@ -771,7 +773,7 @@ def train_dpo(
                 stats, (chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected), strict=True
             ):
                 acc.append(value.detach().cpu())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+        grad_norm = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -816,8 +818,9 @@ def train_dpo(
     model.eval()
     trainable, _ = count_parameters(model)
     adapter_path, merged_path = out_dir / "adapter", out_dir / "merged"
+    to_export = dp.exportable(model, export_copy)
     if dp.is_main:
-        adapter_path, merged_path = export(model, tokenizer, out_dir, lora=True)
+        adapter_path, merged_path = export(to_export, tokenizer, out_dir, lora=True)
     dp.barrier()  # every rank returns once the exports exist
     return DPOResult(
         global_step=step,

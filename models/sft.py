@@ -379,7 +379,6 @@ def train_sft(
         models.checkpoint.CheckpointMismatchError (a ValueError): ``resume=True`` found a checkpoint written
             with another config or other data.
     """
-    import torch
     from tqdm.auto import tqdm
 
     from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
@@ -408,8 +407,11 @@ def train_sft(
         )
     model.to(device)
     model.train()
-    optimizer, params = adamw(model, cfg.learning_rate, cfg.weight_decay)
-    trainer = dp.wrap(model)  # DDP over the processes (the model itself in one): the training forward only
+    optimizer, _ = adamw(model, cfg.learning_rate, cfg.weight_decay)
+    export_copy = dp.export_copy(model)  # rank 0's copy to export from when FSDP2 shards the model in place
+    # DDP or FSDP2 over the processes (the model itself in one): the training forward goes through the trainer
+    trainer, optimizer = dp.prepare(model, optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     scheduler = cosine_schedule(optimizer, cfg.warmup_ratio, total_steps)
     order = DataOrder(len(train), cfg.seed)
     generators = {"data": order.generator}
@@ -431,22 +433,22 @@ def train_sft(
         if dp.is_main:
             emit(metrics, at)
 
-    def write_checkpoint() -> None:
-        if dp.is_main:
-            save_loop_state(
-                ckpt_root,
-                step,
-                model,
-                optimizer,
-                order,
-                generators,
-                fingerprint,
-                superseded,
-                scheduler,
-                stopper,
-                tensors={"best": best_weights} if best_weights is not None else None,
-                state={"stopped_early": stopped_early, "history": history},
-            )
+    def write_checkpoint() -> None:  # every rank (sharded states are gathered), rank 0 writes
+        save_loop_state(
+            ckpt_root,
+            step,
+            model,
+            optimizer,
+            order,
+            generators,
+            fingerprint,
+            superseded,
+            scheduler,
+            stopper,
+            tensors={"best": best_weights} if best_weights is not None else None,
+            state={"stopped_early": stopped_early, "history": history},
+            write=dp.is_main,
+        )
 
     bar = tqdm(total=total_steps, initial=step, desc="sft", mininterval=5.0, disable=not dp.is_main)  # also in logs
     while step < total_steps and not stopped_early:
@@ -472,7 +474,7 @@ def train_sft(
                 (nll / n_answer * dp.loss_scale).backward()
             total_nll += nll.item()
         total_nll = dp.sum(total_nll)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+        grad_norm = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
@@ -508,8 +510,9 @@ def train_sft(
     trainable, _ = count_parameters(model)
     target_modules = targeted_module_names(model) if cfg.lora else []
     adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
+    to_export = dp.exportable(model, export_copy)
     if dp.is_main:
-        adapter_path, merged_path = export(model, tokenizer, out_dir, cfg.lora)
+        adapter_path, merged_path = export(to_export, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
     return SFTResult(
         global_step=step,

@@ -27,9 +27,11 @@ from models.checkpoint import (
     CheckpointMismatchError,
     atomic_directory,
     capture_rng_state,
+    full_optimizer_state,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_full_optimizer_state,
     load_trainable_state_dict,
     restore_rng_state,
     save_checkpoint,
@@ -230,7 +232,7 @@ def restore_loop_state(
     """Put the state `save_loop_state` wrote back: trainable weights, optimizer, schedule (when the loop has one),
     data-order position, early stopping (when the loop has it) and every RNG (`generators`: the loop's own)."""
     load_trainable_state_dict(model, ckpt.tensors["trainable"])
-    optimizer.load_state_dict(ckpt.objects["optimizer"])
+    load_full_optimizer_state(optimizer, ckpt.objects["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(ckpt.objects["scheduler"])
     order.load_state_dict(ckpt.state["data_order"])
@@ -252,11 +254,19 @@ def save_loop_state(
     stopper: EarlyStopping | None = None,
     tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     state: Mapping[str, Any] | None = None,
-) -> Path:
+    write: bool = True,
+) -> Path | None:
     """Write the exact-resume checkpoint of `step` (`models.checkpoint.save_checkpoint`, atomic): the loop state
     `restore_loop_state` reads, plus the loop's own extra tensor groups and JSON state. The first save of a run that
-    started over deletes the `superseded` checkpoints (and empties the list). Returns the checkpoint directory."""
-    objects = {"optimizer": optimizer.state_dict(), "rng": capture_rng_state(generators)}
+    started over deletes the `superseded` checkpoints (and empties the list). Returns the checkpoint directory.
+
+    Data parallel: every process calls it (sharded weights and optimizer states are gathered whole, a collective),
+    and only the one with ``write=True`` (rank 0) writes; the others return None."""
+    objects = {"optimizer": full_optimizer_state(optimizer), "rng": capture_rng_state(generators)}
+    trainable = trainable_state_dict(model)
+    if not write:
+        superseded.clear()
+        return None
     if scheduler is not None:
         objects["scheduler"] = scheduler.state_dict()
     loop_state = {"fingerprint": fingerprint, "data_order": order.state_dict()}
@@ -265,7 +275,7 @@ def save_loop_state(
     path = save_checkpoint(
         root,
         step,
-        tensors={"trainable": trainable_state_dict(model), **(tensors or {})},
+        tensors={"trainable": trainable, **(tensors or {})},
         objects=objects,
         state={**loop_state, **(state or {})},
         supersedes=superseded,

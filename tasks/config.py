@@ -457,13 +457,19 @@ class LaunchConfig:
         data-parallel processes (one per GPU on CUDA, gloo processes on CPU): rank 0 runs the stage's flow (Prefect,
         MLflow, the DVC outputs), the other ranks only train (`models.distributed`). The outputs equal a
         one-process run's within float32 summation order, so it is not a DVC parameter of the stages.
+    config_file: an accelerate config file for the launch ("" = DDP with every option on the command line), e.g.
+        ``configs/accelerate_fsdp2.yaml`` to shard parameters, gradients and optimizer states (FSDP2, GPUs only);
+        ``num_processes`` overrides the file's own count.
     """
 
     num_processes: int = 1
+    config_file: str = ""
 
     def __post_init__(self):
         if self.num_processes < 1:
             raise ValueError(f"launch.num_processes must be >= 1, got {self.num_processes}")
+        if self.config_file and not Path(self.config_file).is_file():
+            raise ValueError(f"launch.config_file {self.config_file!r} is not a file")
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
-"""A few DPO, GRPO and DiDPO steps on a saved tiny model; run by tests/test_distributed.py in one process and under
-``accelerate launch --multi_gpu --num_processes 2`` (CPU, gloo).
+"""A few DPO, SFT, GRPO and DiDPO steps on a saved tiny model, and an SFT run stopped and resumed; run by
+tests/test_distributed.py in one process and under ``accelerate launch --num_processes 2`` (CPU, gloo), with DDP
+(``--multi_gpu``) and with FSDP2 (``--config_file configs/accelerate_fsdp2.yaml``, `fsdp_on_cpu`).
 
     python tests/distributed_entry.py MODEL_DIR OUT_DIR PER_PROCESS_BATCH
 
 ``PER_PROCESS_BATCH`` is the DPO pairs per micro-batch and the RL rollouts per minibatch of each process: B in one
 process, B/2 in each of two gives the same global batches. Rank 0 writes ``OUT_DIR/<run>/trained.pt`` (the LoRA
-adapter's tensors, plus the value head's for didpo) and ``OUT_DIR/world_size.txt``.
+adapter's tensors, plus the value head's for didpo), ``OUT_DIR/world_size.txt`` and ``OUT_DIR/sharded.txt``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import zlib
 from pathlib import Path
@@ -71,6 +73,35 @@ class TextVerifier:
         return [SimpleNamespace(n_passed=zlib.crc32(p.encode()) % 3, n_tests=2, reason="stub") for p, _, _ in jobs]
 
 
+def fsdp_on_cpu() -> None:
+    """Under an FSDP accelerate config (``ACCELERATE_USE_FSDP`` set by the launcher), make the loops' Accelerator take
+    its FSDP2 path on these CPU processes. Accelerate sets FSDP up on GPUs only (on CPU processes it sets up
+    ``MULTI_CPU`` and the loops refuse the config); PyTorch's FSDP2 itself shards over gloo on CPU, so this test
+    runs the loops' real FSDP2 code: Accelerate's ``prepare`` with the plugin the launcher's config describes."""
+    import functools
+    import os
+
+    from accelerate import FullyShardedDataParallelPlugin, PartialState
+    from accelerate.utils import DistributedType
+
+    import models.distributed
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return
+    build = models.distributed._accelerator.__wrapped__
+
+    @functools.cache
+    def accelerator(cpu: bool):
+        made = build(cpu)
+        # AcceleratorState copies PartialState's type whenever it is built again: set it on both
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+        made.state.distributed_type = DistributedType.FSDP
+        made.state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
+        return made
+
+    models.distributed._accelerator = accelerator
+
+
 def run(model_dir: Path, out_dir: Path, batch: int) -> None:
     """DPO and SFT (3 steps; a step = 2 micro-batches of `batch` examples per process), then grpo and didpo (2 steps
     of 8 rollouts, 2 PPO epochs in minibatches of `batch` rollouts per process), each from the saved model."""
@@ -85,10 +116,12 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
 
     torch.set_num_threads(1)
     out_dir = Path(out_dir)
+    fsdp_on_cpu()
     dp = data_parallel("cpu")
     if dp.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "world_size.txt").write_text(str(dp.world_size))
+        (out_dir / "sharded.txt").write_text(str(dp.sharded))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def save(name: str, tensors: dict) -> None:
@@ -133,6 +166,10 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     result = train_sft(model, tokenizer, problems, [], cfg, out_dir / "sft", resume=False)
     save("sft", load_file(result.adapter_path / "adapter_model.safetensors"))
+    result = stopped_and_resumed_sft(
+        model_dir, tokenizer, problems, dataclasses.replace(cfg, checkpoint_every=1), out_dir
+    )
+    save("sft_resumed", load_file(result.adapter_path / "adapter_model.safetensors"))
 
     # A random tiny model writes no fenced code, so every program of a group would be the bare prompt (equal rewards,
     # no gradient): the code is the whole completion here, so programs differ.
@@ -141,6 +178,40 @@ def run(model_dir: Path, out_dir: Path, batch: int) -> None:
         train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save)
     finally:
         models.sampling.extract_code = extract_code
+
+
+class Stop(Exception):
+    """Raised by every process at the same point, as a crash that loses the run after its last checkpoint."""
+
+
+def stopped_and_resumed_sft(model_dir, tokenizer, problems, cfg, out_dir: Path):
+    """The SFT run of `run`, checkpointed every step and stopped as step 3 starts (after checkpoint 2), then resumed
+    from that checkpoint: it must end where the uninterrupted run ends, in one process and in N (the checkpoint
+    holds the gathered, whole weights and optimizer states; `models.training.save_loop_state`)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.sft import train_sft
+    from models.training import DataOrder
+
+    take, draws = DataOrder.take, []
+
+    def stopping(self, n):
+        draws.append(n)
+        if len(draws) > 2 * cfg.grad_accum_steps:  # the first draw of step 3
+            raise Stop
+        return take(self, n)
+
+    DataOrder.take = stopping
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        train_sft(model, tokenizer, problems, [], cfg, out_dir / "sft_resumed", resume=False)
+        raise AssertionError("the run was not stopped")
+    except Stop:
+        pass
+    finally:
+        DataOrder.take = take
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return train_sft(model, tokenizer, problems, [], cfg, out_dir / "sft_resumed", resume=True)
 
 
 def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:

@@ -52,6 +52,7 @@ def test_values_are_loaded():
         ({"verifier": {"timeout_s": 0}}, "verifier.timeout_s must be > 0, got 0"),
         ({"mine": {"alpha": 1.5}}, "mine.alpha must be in (0, 1), got 1.5"),
         ({"gate": {"engine": "ct2"}}, "gate.engine must be one of ('openvino', 'torch', 'vllm'), got 'ct2'"),
+        ({"launch": {"config_file": "no/such.yaml"}}, "launch.config_file 'no/such.yaml' is not a file"),
     ],
 )
 def test_errors_name_the_key_and_allowed_values(raw, expected):
@@ -175,7 +176,7 @@ def test_dataclass_defaults_are_params_yaml_values():
     leaves = list(_leaves(load_params(ROOT / "params.yaml"), Params()))
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     # every key params.yaml writes out is compared, the nested didpo.reward's included
-    assert {key for key, _, _ in leaves} == set(_yaml_keys(raw)) and len(leaves) == 202
+    assert {key for key, _, _ in leaves} == set(_yaml_keys(raw)) and len(leaves) == 203
     differ = [f"{key}: params.yaml {a!r}, default {b!r}" for key, a, b in leaves if a != b]
     assert differ == []
 
