@@ -137,6 +137,8 @@ def run(
 ) -> None:
     """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API."""
     setup_environment()
+    from prefect.exceptions import TerminationSignal
+
     from flows.pipeline import StageFailed, pipeline, stage_order
     from tasks.config import ConfigError, load_params
 
@@ -168,7 +170,7 @@ def run(
         except StageFailed as exc:
             typer.secho(f"pipeline stopped: {exc}", fg="red", err=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C; SIGTERM (Prefect's flow engine raises the latter)
             typer.secho(
                 "pipeline interrupted: the running stage was stopped; `didpo run` again resumes (finished stages are "
                 "skipped, training continues from its last checkpoint)",

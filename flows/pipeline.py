@@ -114,13 +114,22 @@ def _echo_without_hints(stream) -> None:
         sys.stdout.flush()
 
 
+def _sigint_default() -> None:
+    """In DVC's process, before it starts: SIGINT handled by default even when this run inherited it ignored (started
+    as a background job of a script, e.g. ``make run &``), so that `stop_process_group`'s SIGINT stops the stage
+    gracefully instead of waiting out the grace period. DVC runs in its own session: no terminal's Ctrl-C reaches
+    it, only the signals this run sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
     """``dvc repro --single-item NAME``, in its own process group, with this task run's id in
     ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow). Its standard output streams to the console as it
     comes, less DVC's git and push hints (`without_dvc_hints`); its standard error (logs, progress bars) is the
-    console's. A Ctrl-C (KeyboardInterrupt here) is passed on to it with `stop_process_group`, and this returns only
-    once it has stopped.
+    console's. A Ctrl-C (KeyboardInterrupt here) or a SIGTERM (Prefect's ``TerminationSignal`` inside a flow run) is
+    passed on to it with `stop_process_group`, and this returns only once it has stopped: the stage marks its own flow
+    run and its MLflow run while the Prefect API still answers.
 
     Raises:
         StageFailed: the stage's command exited non-zero.
@@ -132,14 +141,19 @@ def repro_stage(name: str) -> None:
     # Unbuffered: the stage's own prints reach the console when made although its standard output is a pipe.
     env = {**os.environ, PARENT_TASK_RUN_ENV: str(task_run.id), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        ["dvc", "repro", "--single-item", name], start_new_session=True, env=env, stdout=subprocess.PIPE, text=True
+        ["dvc", "repro", "--single-item", name],
+        start_new_session=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_sigint_default,
     )
     # A thread pumps the pipe so that this thread can wait, and pass on a Ctrl-C, exactly as before.
     echo = threading.Thread(target=_echo_without_hints, args=(proc.stdout,), daemon=True)
     echo.start()
     try:
         returncode = proc.wait()
-    except KeyboardInterrupt:
+    except BaseException:  # a Ctrl-C, or a SIGTERM (Prefect's flow engine raises its TerminationSignal for it)
         stop_process_group(proc)
         echo.join(timeout=5.0)
         raise

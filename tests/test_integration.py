@@ -333,10 +333,14 @@ def _flow_run_states(root: Path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
+@pytest.mark.parametrize("interrupt", ["ctrl-c", "sigterm-in-background"])
+def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path, interrupt):
     """A Ctrl-C (SIGINT to `didpo run`'s process group, as a terminal sends it) during SFT: the run stops within
     seconds with no retry storm against a dead API, the flow runs end crashed (none left Running), DVC's lock is
-    released, and the next `didpo run` skips the finished stages and resumes SFT from its last checkpoint."""
+    released, and the next `didpo run` skips the finished stages and resumes SFT from its last checkpoint.
+
+    The same for a SIGTERM (``kill``, a scheduler) to a run started as a background job of a script, which runs with
+    SIGINT ignored and passes that on to its children: the stop it sends the stage must not be ignored."""
     import signal
     import time
 
@@ -349,6 +353,7 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
     stages = "base_model,prepare,simulate_logs,validate,sft"
     command = [str(BIN / "didpo"), "run", "--no-push", "--stages", stages]
     log = tmp_path / "interrupted.log"
+    background = signal.SIG_IGN
     checkpoints = root / "data/checkpoints/sft/checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)  # an earlier test's SFT checkpoint would end the wait below at once
     with log.open("w") as out:
@@ -361,15 +366,15 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path):
             text=True,
             start_new_session=True,
             # as a terminal's foreground job: a test suite started in the background (`make test &`) runs with
-            # SIGINT ignored, which every child inherits and Python then keeps
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # SIGINT ignored, which every child inherits and Python then keeps; as a background job: ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, background if interrupt != "ctrl-c" else signal.SIG_DFL),
         )
         deadline = time.monotonic() + 600
         while not list(checkpoints.glob("checkpoint-*")):  # SFT has trained and saved at least once
             assert proc.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "SFT never wrote a checkpoint"
             time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT if interrupt == "ctrl-c" else signal.SIGTERM)
         interrupted = time.monotonic()
         returncode = proc.wait(timeout=120)
     stopped_in = time.monotonic() - interrupted
