@@ -165,6 +165,8 @@ def run(
         raise typer.Exit(2)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
+        if os.environ.get("PREFECT_UI_URL") == PREFECT_UI:  # the temporary API serves no UI
+            typer.echo(f"pipeline: the flow runs' \"View at {PREFECT_UI}/…\" links open once `didpo ui`'s server runs")
         try:
             ran = pipeline(stages=selected, push=push, params_path=str(params))
         except StageFailed as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 PREFECT_UI = "http://127.0.0.1:4200"  # where `prefect server start` (see `didpo ui`) serves PREFECT_HOME's runs
@@ -31,6 +32,9 @@ def setup_environment(root: Path | None = None) -> None:
     """Turn telemetry off and keep Prefect's state (its SQLite database) inside the project folder."""
     for key, value in TELEMETRY_OFF.items():
         os.environ.setdefault(key, value)
+    # transformers 5.24 deprecates a method that peft 0.21 still calls on every LoRA model: two lines of noise at each
+    # training stage's start that no setting of ours can act on
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     # Stage commands run by dvc (`didpo stage ...`) and `dvc` itself must resolve to this interpreter's environment.
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
