@@ -21,13 +21,12 @@ Everything is logged to the stage's MLflow run.
 
 from __future__ import annotations
 
-import logging
 import tempfile
 from functools import partial
 from pathlib import Path
 
 import yaml
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.paths import (
     CHECKPOINTS,
@@ -70,7 +69,6 @@ from tasks.io import write_json, write_lines
 from tasks.registry import download_champion
 from tasks.sandbox import make_verifier
 
-logger = logging.getLogger(__name__)
 # one entry per checkpoint evaluation (tasks.evaluate.evaluation_key): a memo beside .cache/openvino, not a DVC out
 EVAL_CACHE = Path(".cache/evaluate")
 
@@ -164,8 +162,11 @@ def run(params_path: str = "params.yaml") -> dict:
         tracking.set_tags({"didpo.protocol": protocol["id"], "didpo.champion_version": str(champion_version)})
         metrics, per_problem = {}, {}
         code, dtype, reused = evaluation_code(), params.base_model.dtype, []
+        log = get_run_logger()  # on the console and in the flow run's logs
         with make_verifier(params.verifier) as verifier:
-            for name, path in checkpoints.items():
+            for i, (name, path) in enumerate(checkpoints.items(), start=1):
+                splits = ", ".join(f"{split} {len(rows)}" for split, rows in problems.items() if rows)
+                log.info("checkpoint %d/%d: %s (%s problems; %s)", i, len(checkpoints), name, splits, path)
                 key = evaluation_key(path, dtype, cfg, protocol["id"], params.verifier, code)
                 metrics[name], per_problem[name], hit = evaluate_once(
                     key,
@@ -175,7 +176,7 @@ def run(params_path: str = "params.yaml") -> dict:
                 )
                 if hit:
                     reused.append(name)
-                    logger.info("%s: same weights, protocol, settings and code as %s: its figures reused", name, key)
+                    log.info("%s: same weights, protocol, settings and code as %s: its figures reused", name, key)
         tracking.set_tags({"didpo.eval_reused": ",".join(reused) or "none"})
         families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
         pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}
