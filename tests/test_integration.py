@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -275,7 +276,10 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     later = ["selfplay", "dpo", "didpo", "evaluate", "register"]
-    sh([str(BIN / "didpo"), "run", "--no-push", "--stages", ",".join(later)], root, env)
+    result = sh([str(BIN / "didpo"), "run", "--no-push", "--stages", ",".join(later)], root, env)
+    # evaluate says which checkpoint it measures (its sampling bars do not)
+    logged = re.findall(r"checkpoint \d/\d: (\w+) \(", result.stdout + result.stderr)
+    assert logged[:4] == ["base", "sft", "dpo", "didpo"], logged
 
     sft_sha = json.loads((root / "data/sft/metrics.json").read_text())["merged_sha256"]
     dpo = json.loads((root / "data/dpo/metrics.json").read_text())
