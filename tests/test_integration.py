@@ -38,6 +38,15 @@ def sh(args, cwd, env, check=True):
     return result
 
 
+def run_ids(root: Path) -> set[str]:
+    """The ids of the project's MLflow runs so far (none before its experiment exists)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+    experiment = client.get_experiment_by_name("didpo-pipeline")
+    return {r.info.run_id for r in client.search_runs([experiment.experiment_id])} if experiment else set()
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A scratch git + DVC project with the real code and a tiny params.yaml."""
@@ -350,8 +359,10 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path, int
 
     root, env = project
     params = yaml.safe_load((root / "params.yaml").read_text())
+    earlier_runs = run_ids(root)
+    total = 300 if interrupt == "ctrl-c" else 310  # another SFT config: the first case's finished SFT is not reused
     params["sft"].update(
-        max_steps=300, batch_size=2, grad_accum_steps=1, eval_every=0, checkpoint_every=10, max_seq_len=2048
+        max_steps=total, batch_size=2, grad_accum_steps=1, eval_every=0, checkpoint_every=10, max_seq_len=2048
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stages = "base_model,prepare,simulate_logs,validate,sft"
@@ -392,16 +403,17 @@ def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_resumes(project, tmp_path, int
     assert ("sft", "CRASHED") in states and ("pipeline", "CRASHED") in states, states
     assert "sft" in sh(["dvc", "status", "sft"], root, env).stdout  # answers at once: no lock left behind
     step = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
-    assert 0 < step < 300
+    assert 0 < step < total
 
     rerun = sh(command, root, env)
     output = rerun.stdout + rerun.stderr
     assert "Stage 'prepare' didn't change, skipping" in output
-    assert f"sft: resumed from data/checkpoints/sft/checkpoints/checkpoint-{step:08d} (step {step} of 300)" in output
-    assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == 300
+    checkpoint = f"data/checkpoints/sft/checkpoints/checkpoint-{step:08d}"
+    assert f"sft: resumed from {checkpoint} (step {step} of {total})" in output
+    assert json.loads((root / "data/sft/metrics.json").read_text())["global_step"] == total
     _, runs = mlflow_runs(root)
-    resumed = [r for r in runs if r.data.tags.get("didpo.resumed") == "true"]  # one SFT run, continued
-    assert [(r.data.tags["didpo.stage"], r.info.status) for r in resumed] == [("sft", "FINISHED")]
+    resumed = [r for r in runs if r.data.tags.get("didpo.resumed") == "true" and r.info.run_id not in earlier_runs]
+    assert [(r.data.tags["didpo.stage"], r.info.status) for r in resumed] == [("sft", "FINISHED")]  # one, continued
 
 
 @pytest.mark.slow
