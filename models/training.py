@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tqdm.auto import tqdm
+
 from models.checkpoint import (
     Checkpoint,
     CheckpointMismatchError,
@@ -281,6 +283,7 @@ def save_loop_state(
         supersedes=superseded,
     )
     superseded.clear()
+    tqdm.write(f"checkpoint: {path} (step {step})")  # the resume point, said where the progress bar is
     return path
 
 

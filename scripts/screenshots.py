@@ -112,10 +112,11 @@ def screenshot(page, url: str, path: Path, expect: str | re.Pattern, settle_ms: 
     except Exception as err:  # Playwright's TimeoutError
         page.screenshot(path=path)
         raise RuntimeError(f"{url}: '{expect}' never appeared (what it showed: {path})") from err
-    close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]')  # MLflow's chat side panel
-    if close.count():
-        close.first.click()
     page.wait_for_timeout(settle_ms)
+    close = page.locator('[data-component-id="mlflow.assistant.chat_panel.close"]')  # MLflow's chat side panel
+    if close.count():  # it opens on its own a while after the page's data
+        close.first.click()
+        page.wait_for_timeout(1000)
     page.screenshot(path=path)
     ink = drawn_fraction(path)
     if ink < 0.02:
@@ -150,10 +151,12 @@ def mlflow_pages(tracking_uri: str, experiment: str) -> dict[str, tuple[str, str
     if found is None:
         raise SystemExit(f"no MLflow experiment '{experiment}' at {tracking_uri}: run `make run` first")
     eid = found.experiment_id
-    latest = client.search_runs([eid], order_by=["start_time DESC"], max_results=1)
-    if not latest:
+    runs = client.search_runs([eid], order_by=["start_time DESC"], max_results=200)
+    # the list shows top-level runs; a pipeline's stage runs are collapsed under it until it is expanded
+    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    if not top:
         raise SystemExit(f"the MLflow experiment '{experiment}' has no runs: run `make run` first")
-    pages = {"mlflow_experiment": (f"#/experiments/{eid}{ML_VIEW}", latest[0].info.run_name)}
+    pages = {"mlflow_experiment": (f"#/experiments/{eid}{ML_VIEW}", top[0].info.run_name)}
     for stem, stage, tab, expect in (
         ("mlflow_pipeline_run", "pipeline", "", "Parameters"),
         ("mlflow_sft_metrics", "sft", "/model-metrics", "tokens_per_s"),

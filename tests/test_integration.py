@@ -289,6 +289,9 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     # evaluate says which checkpoint it measures (its sampling bars do not)
     logged = re.findall(r"checkpoint \d/\d: (\w+) \(", result.stdout + result.stderr)
     assert logged[:4] == ["base", "sft", "dpo", "didpo"], logged
+    # and the run ends with its result and decision (`flows.cli.result_lines`)
+    assert re.search(r"result: val pass@1: base \d\.\d{3}, sft \d\.\d{3}, dpo \d\.\d{3}, didpo", result.stdout)
+    assert re.search(r"decision: \S+ version \d+ \(\w+ against \w+\): (promoted|not promoted)", result.stdout)
 
     sft_sha = json.loads((root / "data/sft/metrics.json").read_text())["merged_sha256"]
     dpo = json.loads((root / "data/dpo/metrics.json").read_text())

@@ -41,3 +41,9 @@ def test_mlflow_pages_for_a_store(tmp_path):
         client.create_model_version("didpo-coder", str(tmp_path / "art"), run_id=sft.info.run_id)
     pages = screenshots.mlflow_pages(uri, "didpo-pipeline")
     assert pages["mlflow_model"] == (f"#/models/didpo-coder{view}", "Version 2")
+
+    # a pipeline run's stage runs are collapsed under it in the list: the page waits for the pipeline, not its
+    # latest stage (a fresh-user trial's `make screenshots` waited for 'register' in vain)
+    pipeline = client.create_run(eid, run_name="pipeline-x", tags={"didpo.stage": "pipeline"})
+    client.create_run(eid, run_name="register", tags={"mlflow.parentRunId": pipeline.info.run_id})
+    assert screenshots.mlflow_pages(uri, "didpo-pipeline")["mlflow_experiment"][1] == "pipeline-x"

@@ -45,7 +45,7 @@ def _one_step(model, optimizer, scheduler):
     optimizer.zero_grad(set_to_none=True)
 
 
-def test_the_loop_state_round_trips_and_the_run_continues_identically(tmp_path):
+def test_the_loop_state_round_trips_and_the_run_continues_identically(tmp_path, capsys):
     """Save after 2 steps, restore into fresh objects: weights, optimizer moments, schedule, data order, early
     stopping and the data generator are back, and the next step and draws equal the uninterrupted run's."""
     model, optimizer, _, scheduler, order, stopper = _state(0)
@@ -57,6 +57,7 @@ def test_the_loop_state_round_trips_and_the_run_continues_identically(tmp_path):
     gens = {"data": order.generator}
     path = save_loop_state(tmp_path, 2, model, optimizer, order, gens, "fp", [], scheduler, stopper, state={"x": 1})
     assert path.name == "checkpoint-00000002"
+    assert f"checkpoint: {path} (step 2)" in capsys.readouterr().out  # said where the progress bar is
 
     ckpt, superseded = open_checkpoints(tmp_path, True, "fp", "another config")
     assert ckpt is not None and ckpt.step == 2 and ckpt.state["x"] == 1 and superseded == []
