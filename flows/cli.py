@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -181,6 +182,33 @@ def run(
             )
             raise typer.Exit(130) from None
     typer.echo(f"pipeline: done ({', '.join(ran)}). See `didpo ui` to browse the runs.")
+    for line in result_lines(ran):
+        typer.echo(line)
+
+
+def result_lines(ran: list[str]) -> list[str]:
+    """What a run that measured or registered ends with: every checkpoint's val and HumanEval pass@1 (from
+    evaluate's headline) and the registry decision with its reasons (from register's decision)."""
+    from flows.paths import EVAL_HEADLINE, REGISTER_DECISION
+
+    lines = []
+    if "evaluate" in ran and EVAL_HEADLINE.is_file():
+        headline = json.loads(EVAL_HEADLINE.read_text())
+        names = [n for n in ("base", "sft", "dpo", "didpo", "champion") if f"{n}.val.pass@1" in headline]
+        for split, label in (("val", "val pass@1"), ("humaneval", "HumanEval pass@1")):
+            figures = [f"{n} {headline[f'{n}.{split}.pass@1']:.3f}" for n in names if f"{n}.{split}.pass@1" in headline]
+            if figures:
+                lines.append(f"result: {label}: {', '.join(figures)}")
+        lines.append(f"result: the full report is {EVAL_HEADLINE.with_name('report.md')}")
+    if "register" in ran and REGISTER_DECISION.is_file():
+        decision = json.loads(REGISTER_DECISION.read_text())
+        verdict = "promoted to @champion" if decision["promoted"] else "not promoted (it is @challenger)"
+        lines.append(
+            f"decision: {decision['model_name']} version {decision['version']} ({decision['checkpoint']} against "
+            f"{decision['incumbent']}): {verdict}"
+        )
+        lines += [f"  {reason}" for reason in decision["reasons"]]
+    return lines
 
 
 @app.command()
