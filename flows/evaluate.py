@@ -163,9 +163,9 @@ def run(params_path: str = "params.yaml") -> dict:
         metrics, per_problem = {}, {}
         code, dtype, reused = evaluation_code(), params.base_model.dtype, []
         log = get_run_logger()  # on the console and in the flow run's logs
+        splits = ", ".join(f"{split} {len(rows)}" for split, rows in problems.items() if rows)
         with make_verifier(params.verifier) as verifier:
             for i, (name, path) in enumerate(checkpoints.items(), start=1):
-                splits = ", ".join(f"{split} {len(rows)}" for split, rows in problems.items() if rows)
                 log.info("checkpoint %d/%d: %s (%s problems; %s)", i, len(checkpoints), name, splits, path)
                 key = evaluation_key(path, dtype, cfg, protocol["id"], params.verifier, code)
                 metrics[name], per_problem[name], hit = evaluate_once(

@@ -131,6 +131,13 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter of `model` is a ``DTensor`` shard (FSDP2): its whole value needs every process."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def trainable_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the parameters that require grad, by name (LoRA adapters only, or every weight in full
     fine-tuning). Tied parameters appear once, under their first name. Sharded parameters (FSDP2) are gathered whole

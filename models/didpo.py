@@ -790,6 +790,8 @@ def ppo_update(
     """
     import torch
 
+    from models.distributed import clip_grad_norm
+
     n = batch["input_ids"].shape[0]
     world = dp.world_size if dp is not None else 1
     global_size = cfg.minibatch_size * world
@@ -812,10 +814,7 @@ def ppo_update(
                     loss.backward()
                 else:
                     stats = _data_parallel_backward(trainer, value_head, batch, index, cfg, autocast, policy, dp)
-                if dp is not None:
-                    stats["grad_norm"] = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
-                else:
-                    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
+                stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm or math.inf)
                 optimizer.step()
                 updates += 1
                 for key, value in stats.items():

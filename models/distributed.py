@@ -99,19 +99,10 @@ class DataParallel:
         module, optimizer = self.accelerator.prepare(module, optimizer)
         return module, optimizer.optimizer
 
-    def clip_grad_norm(self, params, max_norm: float) -> float:
-        """``torch.nn.utils.clip_grad_norm_`` over `params` (the global gradient's norm under every mode: FSDP2's
-        sharded gradients give a replicated ``DTensor`` norm, read whole here); returns the norm before clipping."""
-        import torch
-
-        from models.checkpoint import full_tensor
-
-        return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
-
     @contextlib.contextmanager
     def full_params(self, module):
-        """Inside, every parameter of `module` (the trainer `prepare` returned, or anything it wraps) is whole on
-        every process, so KV-cached sampling and any forward through an inner module work as in one process; FSDP2's
+        """Inside, every parameter of `module` (the trainer `prepare` returned: FSDP2's root) is whole on every
+        process, so KV-cached sampling and any forward through an inner module work as in one process; FSDP2's
         units are all-gathered on entry (``unshard``, resharding after forward off) and resharded on exit. Nothing
         is done without sharding. Every process must enter it (the gathers are collectives). Source: FSDP2's
         ``FSDPModule.unshard``/``reshard`` (PyTorch), as TRL gathers ZeRO-3 weights around ``generate``."""
@@ -189,6 +180,16 @@ class DataParallel:
     def barrier(self) -> None:
         if self.world_size > 1:
             self.accelerator.wait_for_everyone()
+
+
+def clip_grad_norm(params, max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` over `params`, in one process, under DDP and under FSDP2 (whose sharded
+    gradients give a replicated ``DTensor`` norm, read whole here); returns the norm before clipping."""
+    import torch
+
+    from models.checkpoint import full_tensor
+
+    return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 
 
 def is_main_process() -> bool:

@@ -637,7 +637,7 @@ def train_dpo(
     from tqdm.auto import tqdm
 
     from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
-    from models.distributed import data_parallel
+    from models.distributed import clip_grad_norm, data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.sampling import pad_token_id
@@ -773,7 +773,7 @@ def train_dpo(
                 stats, (chosen, rejected, n_chosen, n_rejected, ref_chosen, ref_rejected), strict=True
             ):
                 acc.append(value.detach().cpu())
-        grad_norm = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

@@ -382,7 +382,7 @@ def train_sft(
     from tqdm.auto import tqdm
 
     from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
-    from models.distributed import data_parallel
+    from models.distributed import clip_grad_norm, data_parallel
     from models.lora import apply_lora, count_parameters, targeted_module_names
     from models.policy import resolve_device
     from models.sampling import pad_token_id
@@ -474,7 +474,7 @@ def train_sft(
                 (nll / n_answer * dp.loss_scale).backward()
             total_nll += nll.item()
         total_nll = dp.sum(total_nll)
-        grad_norm = dp.clip_grad_norm(params, cfg.max_grad_norm or math.inf)
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm or math.inf)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

@@ -30,6 +30,7 @@ from models.checkpoint import (
     atomic_directory,
     capture_rng_state,
     full_optimizer_state,
+    is_sharded,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -262,11 +263,14 @@ def save_loop_state(
     `restore_loop_state` reads, plus the loop's own extra tensor groups and JSON state. The first save of a run that
     started over deletes the `superseded` checkpoints (and empties the list). Returns the checkpoint directory.
 
-    Data parallel: every process calls it (sharded weights and optimizer states are gathered whole, a collective),
-    and only the one with ``write=True`` (rank 0) writes; the others return None."""
+    Data parallel: every process calls it and only the one with ``write=True`` (rank 0) writes; the others return
+    None, after taking part in gathering the sharded weights and optimizer states (FSDP2: a collective)."""
+    if not (write or is_sharded(model)):  # nothing to write, nothing to take part in
+        superseded.clear()
+        return None
     objects = {"optimizer": full_optimizer_state(optimizer), "rng": capture_rng_state(generators)}
     trainable = trainable_state_dict(model)
-    if not write:
+    if not write:  # its part of the gathers done
         superseded.clear()
         return None
     if scheduler is not None:
