@@ -188,18 +188,18 @@ def run(
 
 def result_lines(ran: list[str]) -> list[str]:
     """What a run that measured or registered ends with: every checkpoint's val and HumanEval pass@1 (from
-    evaluate's headline) and the registry decision with its reasons (from register's decision)."""
-    from flows.paths import EVAL_HEADLINE, REGISTER_DECISION
+    evaluate's metrics) and the registry decision with its reasons (from register's decision)."""
+    from flows.paths import EVAL_METRICS, EVAL_REPORT, REGISTER_DECISION
 
     lines = []
-    if "evaluate" in ran and EVAL_HEADLINE.is_file():
-        headline = json.loads(EVAL_HEADLINE.read_text())
-        names = [n for n in ("base", "sft", "dpo", "didpo", "champion") if f"{n}.val.pass@1" in headline]
+    if "evaluate" in ran and EVAL_METRICS.is_file():
+        metrics = json.loads(EVAL_METRICS.read_text())
+        names = [n for n in ("base", "sft", "dpo", "didpo", "champion") if n in metrics]
         for split, label in (("val", "val pass@1"), ("humaneval", "HumanEval pass@1")):
-            figures = [f"{n} {headline[f'{n}.{split}.pass@1']:.3f}" for n in names if f"{n}.{split}.pass@1" in headline]
+            figures = [f"{n} {metrics[n][split]['pass@1']:.3f}" for n in names if "pass@1" in metrics[n].get(split, {})]
             if figures:
                 lines.append(f"result: {label}: {', '.join(figures)}")
-        lines.append(f"result: the full report is {EVAL_HEADLINE.with_name('report.md')}")
+        lines.append(f"result: the full report is {EVAL_REPORT}")
     if "register" in ran and REGISTER_DECISION.is_file():
         decision = json.loads(REGISTER_DECISION.read_text())
         verdict = "promoted to @champion" if decision["promoted"] else "not promoted (it is @challenger)"

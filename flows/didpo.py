@@ -28,11 +28,8 @@ from tasks.didpo import run_didpo
 from tasks.io import headline, read_problems, write_history, write_json
 from tasks.sandbox import make_verifier
 
-HEADLINE_KEYS = (
-    "algo",
-    "global_step",
-    *(f"{name}/{at}" for name in ("pass_rate", "reward/outcome", "kl_start") for at in ("first", "last")),
-)
+# the DVC metric (tasks.io.headline): the last step's rollout pass rate and KL to the start policy
+HEADLINE = {"algo": "algo", "step": "global_step", "pass_rate": "pass_rate/last", "kl_start": "kl_start/last"}
 
 
 @flow(name="didpo")
@@ -56,7 +53,7 @@ def run(params_path: str = "params.yaml") -> dict:
                 policy, params.base_model.dtype, problems, cfg, verifier, DIDPO_CHECKPOINT, DIDPO_ROLLOUTS, DIDPO_POOL
             )
         write_json(metrics, DIDPO_METRICS)
-        write_json(headline(metrics, HEADLINE_KEYS), DIDPO_HEADLINE)
+        write_json(headline(metrics, HEADLINE), DIDPO_HEADLINE)
         write_history(history, DIDPO_HISTORY)
         tracking.log_artifacts(DIDPO_METRICS, DIDPO_HISTORY, DIDPO_ROLLOUTS, DIDPO_POOL, artifact_path="didpo")
     return metrics

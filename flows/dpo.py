@@ -14,6 +14,7 @@ from prefect import flow
 
 from flows.paths import (
     DPO_CHECKPOINT,
+    DPO_HEADLINE,
     DPO_HISTORY,
     DPO_METRICS,
     SELFPLAY_PAIRS,
@@ -24,8 +25,11 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check, training_pairs
-from tasks.io import read_problems, write_history, write_json
+from tasks.io import headline, read_problems, write_history, write_json
 from tasks.sandbox import make_verifier
+
+# the DVC metric (tasks.io.headline): the held-out loss of the step it exported
+HEADLINE = {"eval_loss": "best_eval.dpo/eval_loss"}
 
 
 @flow(name="dpo")
@@ -51,6 +55,7 @@ def run(params_path: str = "params.yaml") -> dict:
         smoke, logged = smoke_check(before, after)
         metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
         write_json(metrics, DPO_METRICS)
+        write_json(headline(metrics, HEADLINE), DPO_HEADLINE)
         write_history(history, DPO_HISTORY)
         tracking.log_artifacts(DPO_METRICS, DPO_HISTORY, artifact_path="dpo")
         tracking.mlflow_emit(logged, step=metrics["global_step"])

@@ -6,6 +6,7 @@ point ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI`` or ``HF_HUB_OFFLINE=0`` elsew
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -28,6 +29,32 @@ TELEMETRY_OFF = {
 }
 
 
+# Library INFO lines that tell a person nothing to act on (issue 19: quiet by default): MLflow's four system-metrics
+# lines a stage and its table creation on the first run, Great Expectations' temporary docs-site folder. Their
+# warnings and errors still print.
+QUIET_LOGGERS = ("mlflow.system_metrics", "mlflow.store.db.utils", "great_expectations.data_context.types.base")
+PREFECT_SERVER_DOCS = "\nSee https://www.prefect.io/docs/v3/concepts/server#how-to-guides"
+
+
+class WithoutServerDocs(logging.Filter):
+    """Keeps Prefect's "Starting temporary server on …" line and drops the docs link Prefect appends to it
+    (`prefect.server.api.server.SubprocessASGIServer.start`): the temporary server is this tool's design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and PREFECT_SERVER_DOCS in record.msg:
+            record.msg = record.msg.split(PREFECT_SERVER_DOCS)[0]
+        return True
+
+
+def quiet_library_logs() -> None:
+    """`QUIET_LOGGERS` at WARNING and `WithoutServerDocs` on the ``prefect`` logger (idempotent)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    prefect_logger = logging.getLogger("prefect")
+    if not any(isinstance(f, WithoutServerDocs) for f in prefect_logger.filters):
+        prefect_logger.addFilter(WithoutServerDocs())
+
+
 def setup_environment(root: Path | None = None) -> None:
     """Turn telemetry off and keep Prefect's state (its SQLite database) inside the project folder."""
     for key, value in TELEMETRY_OFF.items():
@@ -35,6 +62,7 @@ def setup_environment(root: Path | None = None) -> None:
     # transformers 5.24 deprecates a method that peft 0.21 still calls on every LoRA model: two lines of noise at each
     # training stage's start that no setting of ours can act on
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    quiet_library_logs()
     # Stage commands run by dvc (`didpo stage ...`) and `dvc` itself must resolve to this interpreter's environment.
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):

@@ -21,6 +21,7 @@ Everything is logged to the stage's MLflow run.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -73,22 +74,19 @@ from tasks.sandbox import make_verifier
 EVAL_CACHE = Path(".cache/evaluate")
 
 
-def evaluate_headline(metrics: dict, deltas: dict) -> dict:
-    """``{"<checkpoint>.<split>.pass@1": value, "<trained>_vs_base.<split>.{delta,p_value}": value}``: the figures a
-    person reads first (the full set stays in metrics.json and deltas.json, DVC outputs beside it)."""
-    out = {
-        f"{name}.{split}.pass@1": m[split]["pass@1"]
+def evaluate_headline(metrics: dict) -> dict[str, dict]:
+    """``{checkpoint: {"val.pass@1": value, "humaneval.pass@1": value}}``: the figures a person reads first, one DVC
+    metric file per checkpoint (``data/evaluate/headline/<checkpoint>.json``), so ``dvc metrics show`` prints a row
+    per checkpoint under the columns the baseline and the gate fill too. Test and held-out pass@1, pass@k, process
+    metrics and the changes with their p-values stay in metrics.json and deltas.json, DVC outputs beside it."""
+    return {
+        name: {
+            f"{split}.pass@1": m[split]["pass@1"]
+            for split in ("val", "humaneval")
+            if isinstance(m.get(split), dict) and "pass@1" in m[split]
+        }
         for name, m in metrics.items()
-        for split in SPLITS
-        if isinstance(m.get(split), dict) and "pass@1" in m[split]
     }
-    for pair, per_split in deltas.items():
-        if pair.startswith("base_to_"):
-            for split, d in per_split.items():
-                for key in ("delta", "p_value"):
-                    if key in d:
-                        out[f"{pair.removeprefix('base_to_')}_vs_base.{split}.{key}"] = d[key]
-    return out
 
 
 def rl_claim_record(per_problem: dict, families: dict, protocol: dict, params) -> dict:
@@ -188,7 +186,9 @@ def run(params_path: str = "params.yaml") -> dict:
         write_json(metrics, EVAL_METRICS)
         write_json(deltas, EVAL_DELTAS)
         write_json(rl_claim_record(pipeline, families, protocol, params), EVAL_RL_CLAIM)
-        write_json(evaluate_headline(metrics, deltas), EVAL_HEADLINE)
+        shutil.rmtree(EVAL_HEADLINE, ignore_errors=True)  # a checkpoint measured last time but not now leaves no row
+        for name, figures in evaluate_headline(metrics).items():
+            write_json(figures, EVAL_HEADLINE / f"{name}.json")
         write_json(protocol, EVAL_PROTOCOL)
         write_json(
             {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, EVAL_PER_PROBLEM

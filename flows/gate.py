@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.paths import BASE_CHECKPOINT, GATE, GATE_METRICS, SFT_CHECKPOINT, VALID_PROBLEMS
+from flows.paths import BASE_CHECKPOINT, GATE, GATE_HEADLINE, GATE_METRICS, SFT_CHECKPOINT, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
 from tasks.gate import external_change, gate_verdict
-from tasks.io import read_problems, write_json
+from tasks.io import headline, read_problems, write_json
 from tasks.measure import (
     greedy_results,
     load_checkpoint,
@@ -25,6 +25,9 @@ from tasks.measure import (
     resolve_engine,
 )
 from tasks.sandbox import make_verifier
+
+# the DVC metric (tasks.io.headline): the SFT model's sampled pass@k on the gate's val problems, and the verdict
+HEADLINE = {"val.pass@1": "pass@1", "val.pass@16": "pass@16", "gate": "passed"}
 
 
 @flow(name="gate")
@@ -63,6 +66,7 @@ def run(params_path: str = "params.yaml") -> dict:
         if external:
             metrics["external"] = external_change(base_passes, sft_passes, seed=cfg.seed)
         write_json(metrics, GATE_METRICS)
+        write_json(headline(metrics, HEADLINE), GATE_HEADLINE)
         tracking.log_artifacts(GATE, artifact_path="gate")
         flat = {f"gate/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
         flat |= {f"gate/external/{k}": v for k, v in metrics.get("external", {}).items() if isinstance(v, int | float)}

@@ -41,25 +41,30 @@ MINE_HEADLINE = MINED / "headline.json"  # the DVC metric
 # baseline
 BASELINE = Path("data/baseline")
 BASELINE_METRICS = BASELINE / "metrics.json"
+BASELINE_HEADLINE = BASELINE / "headline.json"  # the DVC metric
 
 # sft: adapter/, merged/ (the export) and checkpoints/ (resume) under SFT_CHECKPOINT
 SFT_CHECKPOINT = Path("data/checkpoints/sft")
 SFT_METRICS = Path("data/sft/metrics.json")
+SFT_HEADLINE = SFT_METRICS.with_name("headline.json")  # the DVC metric
 SFT_HISTORY = Path("data/sft/history.json")
 SFT_PLOTS = SFT_HISTORY.parent / "plots"  # the history's plot tables (tasks.io.write_history writes them)
 
 # gate
 GATE = Path("data/gate")
 GATE_METRICS = GATE / "metrics.json"
+GATE_HEADLINE = GATE / "headline.json"  # the DVC metric
 
 # selfplay
 SELFPLAY = Path("data/selfplay")
 SELFPLAY_PAIRS = SELFPLAY / "pairs.jsonl"
 SELFPLAY_METRICS = SELFPLAY / "metrics.json"
+SELFPLAY_HEADLINE = SELFPLAY / "headline.json"  # the DVC metric
 
 # dpo: adapter/, merged/ and checkpoints/ under DPO_CHECKPOINT
 DPO_CHECKPOINT = Path("data/checkpoints/dpo")
 DPO_METRICS = Path("data/dpo/metrics.json")
+DPO_HEADLINE = DPO_METRICS.with_name("headline.json")  # the DVC metric
 DPO_HISTORY = Path("data/dpo/history.json")
 DPO_PLOTS = DPO_HISTORY.parent / "plots"
 
@@ -79,7 +84,7 @@ EVAL_DELTAS = EVALUATE / "deltas.json"
 EVAL_PROTOCOL = EVALUATE / "protocol.json"
 EVAL_PER_PROBLEM = EVALUATE / "per_problem.json"
 EVAL_REPORT = EVALUATE / "report.md"
-EVAL_HEADLINE = EVALUATE / "headline.json"  # the DVC metric: pass@1 of every checkpoint and split, and Δ against base
+EVAL_HEADLINE = EVALUATE / "headline"  # the DVC metric: <checkpoint>.json, its val and HumanEval pass@1
 EVAL_RL_CLAIM = EVALUATE / "rl_claim.json"  # the RL checkpoint against its start (issue 18), verdict included
 EVAL_SAMPLES = EVALUATE / "samples"
 EVAL_FIGURES = EVALUATE / "figures"

@@ -124,7 +124,8 @@ def _sigint_default() -> None:
 
 @task(task_run_name="repro-{name}")
 def repro_stage(name: str) -> None:
-    """``dvc repro --single-item NAME``, in its own process group, with this task run's id in
+    """``dvc repro --single-item NAME`` (`flows.dvc_cli`: dvc less its warning that the optional human pairs are
+    empty), in its own process group, with this task run's id in
     ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow). Its standard output streams to the console as it
     comes, less DVC's git and push hints (`without_dvc_hints`); its standard error (logs, progress bars) is the
     console's. A Ctrl-C (KeyboardInterrupt here) or a SIGTERM (Prefect's ``TerminationSignal`` inside a flow run) is
@@ -141,7 +142,7 @@ def repro_stage(name: str) -> None:
     # Unbuffered: the stage's own prints reach the console when made although its standard output is a pipe.
     env = {**os.environ, PARENT_TASK_RUN_ENV: str(task_run.id), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        ["dvc", "repro", "--single-item", name],
+        [sys.executable, "-m", "flows.dvc_cli", "repro", "--single-item", name],  # dvc, less one warning
         start_new_session=True,
         env=env,
         stdout=subprocess.PIPE,

@@ -27,13 +27,7 @@ from tasks.config import load_params
 from tasks.io import headline, write_json
 from tasks.registry import Evidence, choose_candidate, flatten, register_and_decide
 
-HEADLINE_KEYS = (
-    "checkpoint",
-    "incumbent",
-    "promoted",
-    "version",
-    *(f"test.{k}" for k in ("n", "effect", "p_value", "mde")),
-)
+HEADLINE = {"checkpoint": "checkpoint", "promoted": "promoted", "version": "version"}  # the DVC metric
 
 
 @flow(name="register")
@@ -60,7 +54,7 @@ def run(params_path: str = "params.yaml") -> dict:
         result = register_and_decide(path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype)
         decision = result.as_dict()
         write_json(decision, REGISTER_DECISION)
-        write_json(headline(decision, HEADLINE_KEYS), REGISTER_HEADLINE)
+        write_json(headline(decision, HEADLINE), REGISTER_HEADLINE)
         tracking.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",

@@ -12,6 +12,7 @@ from prefect import flow
 
 from flows.paths import (
     MINED_PAIRS,
+    SELFPLAY_HEADLINE,
     SELFPLAY_METRICS,
     SELFPLAY_PAIRS,
     SFT_CHECKPOINT,
@@ -20,10 +21,12 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import read_problems, write_json
+from tasks.io import headline, read_problems, write_json
 from tasks.measure import load_checkpoint
 from tasks.sandbox import make_verifier
 from tasks.selfplay import generate_selfplay_pairs, merge_sources, read_pairs, write_pairs
+
+HEADLINE = {"pairs": "n_pairs"}  # the DVC metric (tasks.io.headline): the training pairs DPO gets, every source
 
 
 @flow(name="selfplay")
@@ -49,6 +52,7 @@ def run(params_path: str = "params.yaml") -> dict:
         }
         write_pairs(pairs, SELFPLAY_PAIRS)
         write_json(metrics, SELFPLAY_METRICS)
+        write_json(headline(metrics, HEADLINE), SELFPLAY_HEADLINE)
         tracking.log_artifacts(SELFPLAY_METRICS, artifact_path="selfplay")
         tracking.mlflow_emit({f"selfplay/{k}": v for k, v in metrics.items()}, step=0)
     return metrics

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.paths import BASE_CHECKPOINT, SFT_CHECKPOINT, SFT_HISTORY, SFT_METRICS, VALID_PROBLEMS
+from flows.paths import BASE_CHECKPOINT, SFT_CHECKPOINT, SFT_HEADLINE, SFT_HISTORY, SFT_METRICS, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import read_problems, write_history, write_json
+from tasks.io import headline, read_problems, write_history, write_json
 from tasks.sft import run_sft
+
+HEADLINE = {"eval_loss": "best_eval_loss"}  # the DVC metric (tasks.io.headline)
 
 
 @flow(name="sft")
@@ -33,6 +35,7 @@ def run(params_path: str = "params.yaml") -> dict:
             BASE_CHECKPOINT, params.base_model.dtype, train, held_out, params.sft, SFT_CHECKPOINT
         )
         write_json(metrics, SFT_METRICS)
+        write_json(headline(metrics, HEADLINE), SFT_HEADLINE)
         write_history(history, SFT_HISTORY)
         tracking.log_artifacts(SFT_METRICS, SFT_HISTORY, artifact_path="sft")
     return metrics

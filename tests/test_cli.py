@@ -72,3 +72,26 @@ def test_flow_run_links_point_at_the_ui_that_serves_the_runs_database(monkeypatc
     monkeypatch.setenv("PREFECT_API_URL", "https://prefect.team.example/api")
     setup_environment(tmp_path)
     assert "PREFECT_UI_URL" not in os.environ
+
+
+def test_library_info_lines_are_quiet_and_prefect_keeps_its_server_line():
+    """`flows.env.quiet_library_logs`: MLflow's system-metrics and table-creation lines and GX's temporary-folder line
+    are below the loggers' level (their warnings are not); Prefect's temporary-server line loses its docs link only.
+    tests/test_integration.py checks a real `didpo run` prints none of them."""
+    import logging
+
+    from flows.env import QUIET_LOGGERS, WithoutServerDocs, quiet_library_logs
+
+    quiet_library_logs()
+    quiet_library_logs()
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name + ".child")
+        assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING), name
+    assert sum(isinstance(f, WithoutServerDocs) for f in logging.getLogger("prefect").filters) == 1
+    message = (
+        "Starting temporary server on http://127.0.0.1:8077\nSee https://www.prefect.io/docs/v3/concepts/server"
+        "#how-to-guides for more information on running a dedicated Prefect server."
+    )
+    record = logging.LogRecord("prefect", logging.INFO, __file__, 1, message, None, None)
+    assert WithoutServerDocs().filter(record)
+    assert record.getMessage() == "Starting temporary server on http://127.0.0.1:8077"

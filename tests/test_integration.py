@@ -149,10 +149,17 @@ def test_didpo_run_through_prefect(project):
     server.start(timeout=120)
     try:
         run_env = {**env, "PREFECT_API_URL": server.api_url}
-        output = sh([str(BIN / "didpo"), "run", "--stages", ",".join(STAGES)], root, run_env).stdout
+        result = sh([str(BIN / "didpo"), "run", "--stages", ",".join(STAGES)], root, run_env)
+        output = result.stdout
         flow_runs, nested = asyncio.run(_flow_runs(server.api_url))
     finally:
         server.stop()
+
+    # quiet by default (issue 19): the empty optional human pairs (validate and mine read them), MLflow's
+    # system-metrics lines, Prefect's docs link are not printed
+    assert (root / "data/raw/human_pairs.jsonl").stat().st_size == 0
+    for noise in ("is empty", "mlflow.system_metrics", "prefect.io/docs"):
+        assert noise not in result.stdout + result.stderr, noise
 
     assert {"pipeline", *STAGES} <= set(flow_runs.values())
     # DVC's own lines pass, its git and push hints do not (the pipeline pushes; committing is the person's)
@@ -330,6 +337,15 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     _, runs = mlflow_runs(root)
     finished = {r.data.tags["didpo.stage"] for r in runs if r.info.status == "FINISHED"}
     assert set(later) <= finished
+    # `dvc metrics show`: a row per stage's headline and per measured checkpoint, a table a terminal can hold
+    # (issue 19: 697 columns; then 115 columns and 4,280 characters a line)
+    table = sh(["dvc", "metrics", "show"], root, env).stdout.splitlines()
+    rows = {line.split()[0] for line in table[1:]}
+    assert {f"data/evaluate/headline/{c}.json" for c in ("base", "sft", "dpo", "didpo")} | {
+        "data/sft/headline.json",
+        "data/register/headline.json",
+    } <= rows, rows
+    assert "val.pass@1" in table[0].split() and max(map(len, table)) < 240, table
 
     # a DPO param changes: dpo is stale (what follows re-runs when its outputs change), nothing before it is
     # (the gate never passed in this project, so DVC keeps it stale too)

@@ -168,3 +168,34 @@ def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
     assert kept_lines == [line for line in dropped if line in kept_lines]  # a subsequence: order kept
     assert len(dropped) - len(kept_lines) == 5  # 2 headings, `git add …`, `dvc config core.autostage true`, push
     assert "\n\n\n" not in kept  # the blank lines around a hint go with it
+
+
+def test_dvc_cli_drops_the_empty_warning_of_the_optional_human_pairs_only(tmp_path):
+    """`flows.dvc_cli` (what `repro_stage` runs) is dvc itself: a real ``repro`` of a stage whose inputs are the empty
+    ``validate.human_pairs`` and another empty file, and whose output is empty: dvc warns for the other two, not for
+    the human pairs (issue 19: seven such lines a run)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([sys.executable, "-m", "flows.dvc_cli", "init", "-q", "--no-scm"], cwd=tmp_path, check=True, env=env)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw/pairs.jsonl").write_text("")
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "params.yaml").write_text("validate:\n  human_pairs: raw/pairs.jsonl\n")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  copy:\n    cmd: cp raw/pairs.jsonl out.txt\n"
+        "    deps: [raw/pairs.jsonl, notes.txt]\n    outs: [out.txt]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.dvc_cli", "repro", "--single-item", "copy"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Running stage 'copy'" in done.stdout and (tmp_path / "dvc.lock").is_file()
+    assert "'notes.txt' is empty." in done.stderr and "'out.txt' is empty." in done.stderr, done.stderr
+    assert "raw/pairs.jsonl' is empty" not in done.stderr, done.stderr
