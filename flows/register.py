@@ -51,7 +51,9 @@ def run(params_path: str = "params.yaml") -> dict:
         )
     path = present_checkpoints()[candidate]
     with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path))):
-        result = register_and_decide(path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype)
+        result = register_and_decide(
+            path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype, params.base_model.name_or_path
+        )
         decision = result.as_dict()
         write_json(decision, REGISTER_DECISION)
         write_json(headline(decision, HEADLINE), REGISTER_HEADLINE)

