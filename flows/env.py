@@ -31,9 +31,17 @@ TELEMETRY_OFF = {
 
 # Library INFO lines that tell a person nothing to act on (issue 19: quiet by default): MLflow's four system-metrics
 # lines a stage and its table creation on the first run, Great Expectations' temporary docs-site folder. Their
-# warnings and errors still print.
+# warnings and errors still print. GX sets its module logger to INFO when imported (after this runs), so a filter on
+# each logger backs the level up.
 QUIET_LOGGERS = ("mlflow.system_metrics", "mlflow.store.db.utils", "great_expectations.data_context.types.base")
 PREFECT_SERVER_DOCS = "\nSee https://www.prefect.io/docs/v3/concepts/server#how-to-guides"
+
+
+class WarningsOnly(logging.Filter):
+    """Passes records at WARNING or above."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
 
 
 class WithoutServerDocs(logging.Filter):
@@ -47,12 +55,17 @@ class WithoutServerDocs(logging.Filter):
 
 
 def quiet_library_logs() -> None:
-    """`QUIET_LOGGERS` at WARNING and `WithoutServerDocs` on the ``prefect`` logger (idempotent)."""
+    """`QUIET_LOGGERS` at WARNING (their children follow) with `WarningsOnly` on each (a library resetting its own
+    logger's level does not undo it), and `WithoutServerDocs` on the ``prefect`` logger. Idempotent."""
+
+    def add_once(logger: logging.Logger, kind: type[logging.Filter]) -> None:
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
+
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    prefect_logger = logging.getLogger("prefect")
-    if not any(isinstance(f, WithoutServerDocs) for f in prefect_logger.filters):
-        prefect_logger.addFilter(WithoutServerDocs())
+        add_once(logging.getLogger(name), WarningsOnly)
+    add_once(logging.getLogger("prefect"), WithoutServerDocs)
 
 
 def setup_environment(root: Path | None = None) -> None:

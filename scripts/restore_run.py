@@ -8,10 +8,10 @@ The DVC remote of a run lives outside git, so a new clone has the run's dvc.lock
 outputs, and `dvc repro` would train everything again. `save` copies the listed stages' DVC-cached outputs (dvc.yaml
 ``outs`` without ``cache: false``) from data/ into the snapshot, mirrored under the same paths, except the merged
 checkpoints (≈ 540 MB each): of those only the LoRA adapter beside them (≈ 20 MB) is kept. `restore`, run after
-`dvc repro base_model prepare simulate_logs validate mine` (minutes), copies the outputs back and rebuilds each
-``merged/`` from its start checkpoint and the adapter exactly as the stage exports it (`models.training.export`:
-``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on sft's merged weights, didpo
-on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency and every output equal to
+`didpo run --stages base_model,prepare,simulate_logs,validate,mine` (minutes; or the same `dvc repro`), copies the
+outputs back and rebuilds each ``merged/`` from its start checkpoint and the adapter exactly as the stage exports it
+(`models.training.export`: ``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on
+sft's merged weights, didpo on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency and every output equal to
 what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a merge that another
 CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in cache") are
 then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last restored

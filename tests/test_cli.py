@@ -88,6 +88,13 @@ def test_library_info_lines_are_quiet_and_prefect_keeps_its_server_line():
         logger = logging.getLogger(name + ".child")
         assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING), name
     assert sum(isinstance(f, WithoutServerDocs) for f in logging.getLogger("prefect").filters) == 1
+    import great_expectations.data_context.types.base as gx_base  # sets its own logger to INFO when first imported
+
+    info = gx_base.logger.makeRecord(
+        gx_base.logger.name, logging.INFO, __file__, 1, "Created temporary directory", (), None
+    )
+    assert not gx_base.logger.filter(info)
+    assert gx_base.logger.filter(logging.LogRecord(gx_base.logger.name, logging.WARNING, __file__, 1, "w", None, None))
     message = (
         "Starting temporary server on http://127.0.0.1:8077\nSee https://www.prefect.io/docs/v3/concepts/server"
         "#how-to-guides for more information on running a dedicated Prefect server."
