@@ -33,7 +33,9 @@ import math
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from models.sampling import Completion, SamplingConfig, code_block_closed, extract_code
@@ -41,6 +43,36 @@ from models.sampling import Completion, SamplingConfig, code_block_closed, extra
 EXPORT_ENV = Path(__file__).resolve().parents[1] / ".venv-export"
 STOP_FENCE = "\n```\n"
 PRECISIONS = ("f32", "bf16")
+
+
+def interruptible(call: Callable[[], object], poll_s: float = 0.2) -> object:
+    """``call()`` in a daemon thread while this thread waits in short joins, so that a Ctrl-C (KeyboardInterrupt) or
+    a SIGTERM (Prefect's TerminationSignal) is raised here at once instead of when the call returns.
+
+    One ``LLMPipeline.generate`` call of 64 rows takes up to a minute or two on 2 cores, and Python runs a signal
+    handler only between bytecodes of the main thread: issue 19's re-trial measured 42 s from a SIGINT to the stage's
+    reaction during the baseline's sampling. ``generate`` releases the GIL (measured: the waiting thread ran 1,150
+    times in a 11.8 s call), and no streamer can cancel it here (OpenVINO GenAI 2026.4 refuses a streamer for batched
+    inputs or ``num_return_sequences`` > 1). The abandoned call finishes in the background; the process exiting does
+    not wait for it (a SIGINT 2 s into a 400-token call: exit 130 after 1.7 s, three times of three).
+
+    Returns ``call()``'s value; raises its exception, or the interrupt.
+    """
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="openvino-generate", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(poll_s)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]
 
 
 class EngineUnavailable(RuntimeError):
@@ -233,7 +265,8 @@ class OpenVINOSampler:
                 tokens[k, width - len(ids) :], mask[k, width - len(ids) :] = ids, 1
             seed = int(np.random.SeedSequence([config.seed, start]).generate_state(1, np.uint32)[0])
             inputs = openvino_genai.TokenizedInputs(ov.Tensor(tokens), ov.Tensor(mask))
-            generated_ = self.pipe.generate(inputs, self._config(config, seed))
+            generate = partial(self.pipe.generate, inputs, self._config(config, seed))
+            generated_ = interruptible(generate)  # a Ctrl-C is seen at once, not when the call returns
             sequences = [list(t) for t in generated_.tokens]
             scores = [float(x) for x in generated_.scores]  # Σ log-probs at the sampling temperature (see _completion)
             per_prompt = 1 if config.temperature == 0 else config.n
