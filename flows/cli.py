@@ -181,18 +181,24 @@ def run(
                 err=True,
             )
             raise typer.Exit(130) from None
-    typer.echo(f"pipeline: done ({', '.join(ran)}). See `didpo ui` to browse the runs.")
-    for line in result_lines(ran):
+    executed = [name for name, did in ran.items() if did]
+    skipped = [name for name, did in ran.items() if not did]
+    typer.echo(
+        f"pipeline: done; ran: {', '.join(executed) or 'none'}; up to date: {', '.join(skipped) or 'none'}. "
+        "See `didpo ui` to browse the runs."
+    )
+    for line in result_lines(list(ran)):
         typer.echo(line)
 
 
-def result_lines(ran: list[str]) -> list[str]:
-    """What a run that measured or registered ends with: every checkpoint's val and HumanEval pass@1 (from
-    evaluate's metrics) and the registry decision with its reasons (from register's decision)."""
+def result_lines(stages: list[str]) -> list[str]:
+    """What a run whose ``stages`` (run or up to date) include evaluate or register ends with: every checkpoint's val
+    and HumanEval pass@1 (from evaluate's metrics) and the registry decision with its reasons (from register's
+    decision)."""
     from flows.paths import EVAL_METRICS, EVAL_REPORT, REGISTER_DECISION
 
     lines = []
-    if "evaluate" in ran and EVAL_METRICS.is_file():
+    if "evaluate" in stages and EVAL_METRICS.is_file():
         metrics = json.loads(EVAL_METRICS.read_text())
         names = [n for n in ("base", "sft", "dpo", "didpo", "champion") if n in metrics]
         for split, label in (("val", "val pass@1"), ("humaneval", "HumanEval pass@1")):
@@ -200,7 +206,7 @@ def result_lines(ran: list[str]) -> list[str]:
             if figures:
                 lines.append(f"result: {label}: {', '.join(figures)}")
         lines.append(f"result: the full report is {EVAL_REPORT}")
-    if "register" in ran and REGISTER_DECISION.is_file():
+    if "register" in stages and REGISTER_DECISION.is_file():
         decision = json.loads(REGISTER_DECISION.read_text())
         verdict = "promoted to @champion" if decision["promoted"] else "not promoted (it is @challenger)"
         lines.append(

@@ -81,12 +81,14 @@ PARENT_TASK_RUN_ENV = "DIDPO_PARENT_TASK_RUN"
 # "Running stage" and "didn't change, skipping".
 DVC_HINT_HEADINGS = ("To track the changes with git, run:", "To enable auto staging, run:")
 DVC_PUSH_HINT = "Use `dvc push` to send your updates to remote storage."
+# What DVC adds after "Stage '<name>' didn't change, skipping" for a single stage: the same fact again.
+DVC_UP_TO_DATE = "Data and pipelines are up to date."
 
 
 def without_dvc_hints(lines: Iterable[str]) -> Iterator[str]:
-    """`lines` (DVC's standard output, each with its newline) without DVC's git and push hints: a hint block is its
-    heading, the blank lines just before it and the blank and tab-indented lines after it; everything else passes
-    unchanged and in order."""
+    """`lines` (DVC's standard output, each with its newline) without DVC's git and push hints and its "Data and
+    pipelines are up to date." after a skipped stage: a hint block is its heading, the blank lines just before it and
+    the blank and tab-indented lines after it; everything else passes unchanged and in order."""
     blanks: list[str] = []  # blank lines held back until the next line says whether a hint follows them
     in_hint = False
     for line in lines:
@@ -94,7 +96,7 @@ def without_dvc_hints(lines: Iterable[str]) -> Iterator[str]:
         if not text:
             blanks.append(line)
             continue
-        if text in DVC_HINT_HEADINGS or text == DVC_PUSH_HINT:
+        if text in DVC_HINT_HEADINGS or text in (DVC_PUSH_HINT, DVC_UP_TO_DATE):
             blanks, in_hint = [], text in DVC_HINT_HEADINGS
             continue
         if in_hint and line.startswith("\t"):
@@ -108,8 +110,11 @@ def without_dvc_hints(lines: Iterable[str]) -> Iterator[str]:
         yield from blanks
 
 
-def _echo_without_hints(stream) -> None:
+def _echo_without_hints(stream, ran: list[bool]) -> None:
+    """Echo `without_dvc_hints`; ``ran`` gets True when DVC says it runs the stage's command ("Running stage")."""
     for line in without_dvc_hints(stream):
+        if line.startswith("Running stage '"):
+            ran.append(True)
         sys.stdout.write(line)
         sys.stdout.flush()
 
@@ -123,14 +128,15 @@ def _sigint_default() -> None:
 
 
 @task(task_run_name="repro-{name}")
-def repro_stage(name: str) -> None:
+def repro_stage(name: str) -> bool:
     """``dvc repro --single-item NAME`` (`flows.dvc_cli`: dvc less its warning that the optional human pairs are
     empty), in its own process group, with this task run's id in
     ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow). Its standard output streams to the console as it
     comes, less DVC's git and push hints (`without_dvc_hints`); its standard error (logs, progress bars) is the
     console's. A Ctrl-C (KeyboardInterrupt here) or a SIGTERM (Prefect's ``TerminationSignal`` inside a flow run) is
     passed on to it with `stop_process_group`, and this returns only once it has stopped: the stage marks its own flow
-    run and its MLflow run while the Prefect API still answers.
+    run and its MLflow run while the Prefect API still answers. Returns whether the stage's command ran (False: DVC
+    found it up to date and skipped it).
 
     Raises:
         StageFailed: the stage's command exited non-zero.
@@ -150,7 +156,8 @@ def repro_stage(name: str) -> None:
         preexec_fn=_sigint_default,
     )
     # A thread pumps the pipe so that this thread can wait, and pass on a Ctrl-C, exactly as before.
-    echo = threading.Thread(target=_echo_without_hints, args=(proc.stdout,), daemon=True)
+    ran: list[bool] = []
+    echo = threading.Thread(target=_echo_without_hints, args=(proc.stdout, ran), daemon=True)
     echo.start()
     try:
         returncode = proc.wait()
@@ -161,6 +168,7 @@ def repro_stage(name: str) -> None:
     echo.join(timeout=5.0)
     if returncode != 0:
         raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
+    return bool(ran)
 
 
 @task(retries=3, retry_delay_seconds=[2, 10, 30])
@@ -205,22 +213,23 @@ def progress_line(i: int, order: list[str], elapsed_s: float, timings: dict[str,
 
 
 @flow(name="pipeline")
-def pipeline(stages: list[str] | None = None, push: bool = True, params_path: str = "params.yaml") -> list[str]:
+def pipeline(stages: list[str] | None = None, push: bool = True, params_path: str = "params.yaml") -> dict[str, bool]:
     """Run the DVC graph stage by stage (all of it, or ``stages`` in graph order), then ``dvc push``.
 
     One MLflow parent run covers the whole run; each stage process opens its child run under it. Before each stage
     a `progress_line` says where the run is and how long the rest took the last time each ran here (an ETA that
-    assumes every remaining stage is out of date). Returns the stage names run. Raises :class:`StageFailed` when one
-    fails.
+    assumes every remaining stage is out of date). Returns ``{stage: whether its command ran}`` in graph order (False:
+    up to date, skipped). Raises :class:`StageFailed` when one fails.
     """
     order = [s for s in stage_order() if stages is None or s in stages]
     started = time.monotonic()
     with pipeline_run(load_params(params_path).tracking) as run_id:
         logger = get_run_logger()
         logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
+        ran = {}
         for i, name in enumerate(order, 1):
             logger.info(progress_line(i, order, time.monotonic() - started, read_stage_seconds()))
-            repro_stage(name)
+            ran[name] = repro_stage(name)
         if push:
             dvc_push()
-    return order
+    return ran

@@ -7,17 +7,19 @@ training again (the default SFT alone is 84 min on 2 AVX512-BF16 cores and ≈ 3
 The DVC remote of a run lives outside git, so a new clone has the run's dvc.lock and metrics but none of its cached
 outputs, and `dvc repro` would train everything again. `save` copies the listed stages' DVC-cached outputs (dvc.yaml
 ``outs`` without ``cache: false``) from data/ into the snapshot, mirrored under the same paths, except the merged
-checkpoints (≈ 540 MB each): of those only the LoRA adapter beside them (≈ 20 MB) is kept. `restore`, run after
-`didpo run --stages base_model,prepare,simulate_logs,validate,mine` (minutes; or the same `dvc repro`), copies the
-outputs back and rebuilds each ``merged/`` from its start checkpoint and the adapter exactly as the stage exports it
+checkpoints (≈ 540 MB each): of those only the LoRA adapter beside them (≈ 20 MB) is kept. `restore`, run after `didpo
+run --stages base_model,prepare,simulate_logs,validate,mine` (minutes; or the same `dvc repro`), copies the outputs back
+and rebuilds each ``merged/`` from its start checkpoint and the adapter exactly as the stage exports it
 (`models.training.export`: ``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on
-sft's merged weights, didpo on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency and every output equal to
-what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a merge that another
-CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in cache") are
-then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last restored
-stage. Anything DVC still sees as changed is printed and the exit status is 1: `dvc repro` will recompute it.
-A stage whose code dependency changed since the run is reported the same way; `dvc commit <stage>` accepts the
-restored outputs when the change does not touch what the stage computes.
+sft's merged weights, didpo on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency
+and every output equal to what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a
+merge that another CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in
+cache") are then `dvc commit`ted into it, dvc.lock unchanged byte for byte, and `dvc repro` continues after the last
+restored stage. Anything DVC still sees as changed is printed and the exit status is 1: `dvc repro` will recompute it. A
+stage whose code dependency changed since the run is reported the same way; `dvc commit <stage>` accepts the restored
+outputs when the change does not touch what the stage computes. `save` also keeps this clone's stage timings
+(`.cache/stage_seconds.json`) and `restore` adds them for the stages never run in the new clone, so `didpo run`'s ETA
+has a figure for each stage.
 
 Errors (a message, exit status 2): a stage with no cached outputs in the snapshot, a missing start checkpoint.
 """
@@ -90,13 +92,31 @@ def _copy(source: Path, target: Path) -> None:
     (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
 
 
-def save(stages: list[str], snapshot: Path) -> None:
-    """Copy the stages' cached outputs into `snapshot` (a merged checkpoint: its adapter only)."""
+def save(stages: list[str], snapshot: Path, timings: Path) -> None:
+    """Copy the stages' cached outputs into `snapshot` (a merged checkpoint: its adapter only), and `timings` (every
+    stage's seconds the last time it ran here: `flows.pipeline.TIMINGS`) when there is one."""
     for stage in stages:
         for out in cached_outputs(stage):
             if out.name != "merged":  # the adapter beside it is an output of the same stage
                 _copy(out, snapshot / out)
                 print(f"saved {out}")
+    if timings.is_file():
+        _copy(timings, snapshot / timings.name)
+        print(f"saved {timings}")
+
+
+def restore_timings(snapshot: Path, timings: Path) -> list[str]:
+    """Add the snapshot's stage seconds to `timings` for the stages never run here (those run here keep theirs), so
+    that `didpo run`'s ETA has a figure for every stage in a restored clone (issue 19's re-trial: ``ETA ?`` at all 13
+    stages). Returns the stages added."""
+    saved = snapshot / timings.name
+    if not saved.is_file():
+        return []
+    here = json.loads(timings.read_text()) if timings.is_file() else {}
+    added = {k: v for k, v in json.loads(saved.read_text()).items() if k not in here}
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    timings.write_text(json.dumps(here | added, indent=1, sort_keys=True))
+    return sorted(added)
 
 
 def restore(stages: list[str], snapshot: Path, dtype: str = "auto") -> None:
@@ -156,6 +176,7 @@ def main() -> int:
     from flows.env import setup_environment
 
     setup_environment(Path("."))
+    from flows.pipeline import TIMINGS
     from tasks.config import load_params
 
     if args.action == "save":
@@ -163,13 +184,15 @@ def main() -> int:
         if changed:
             print(f"error: DVC finds these stages changed since dvc.lock, save a finished run only: {changed}")
             return 2
-        save(stages, args.snapshot)
+        save(stages, args.snapshot, TIMINGS)
         return 0
     try:
         restore(stages, args.snapshot, load_params("params.yaml").base_model.dtype)
     except (FileNotFoundError, KeyError) as error:
         print(f"error: {error}")
         return 2
+    if added := restore_timings(args.snapshot, TIMINGS):
+        print(f"the ETA of `didpo run` takes the saved run's seconds for {', '.join(added)} ({TIMINGS})")
     changed = dvc_changes(stages)
     if changed and only_not_in_cache(changed):
         commit_to_cache(stages)  # equal to dvc.lock, only missing from the cache of this clone

@@ -165,6 +165,9 @@ def test_didpo_run_through_prefect(project):
     # DVC's own lines pass, its git and push hints do not (the pipeline pushes; committing is the person's)
     assert all(f"Running stage '{s}'" in output for s in STAGES), output
     assert "To track the changes with git" not in output and "dvc push" not in output, output
+    done = re.search(r"pipeline: done; ran: (.*); up to date: (.*)\. See", output)
+    ran, skipped = ({s for s in group.split(", ") if s != "none"} for group in done.groups())
+    assert ran | skipped == set(STAGES) and not ran & skipped and "prepare" in ran, done.group(0)
     assert nested == {f"repro-{s}": s for s in STAGES}  # every stage's flow run is a subflow of its pipeline task
     client, runs = mlflow_runs(root)
     parents = [r for r in runs if r.data.tags["didpo.stage"] == "pipeline"]
@@ -296,6 +299,7 @@ def test_stages_after_the_gate_on_a_tiny_model(project):
     # evaluate says which checkpoint it measures (its sampling bars do not)
     logged = re.findall(r"checkpoint \d/\d: (\w+) \(", result.stdout + result.stderr)
     assert logged[:4] == ["base", "sft", "dpo", "didpo"], logged
+    assert "pipeline: done; ran: selfplay, dpo, didpo, evaluate, register; up to date: none." in result.stdout
     # and the run ends with its result and decision (`flows.cli.result_lines`)
     assert re.search(r"result: val pass@1: base \d\.\d{3}, sft \d\.\d{3}, dpo \d\.\d{3}, didpo", result.stdout)
     assert re.search(r"decision: \S+ version \d+ \(\w+ against \w+\): (promoted|not promoted)", result.stdout)

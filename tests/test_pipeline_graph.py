@@ -136,7 +136,7 @@ def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
     import subprocess
     import sys
 
-    from flows.pipeline import DVC_HINT_HEADINGS, DVC_PUSH_HINT, without_dvc_hints
+    from flows.pipeline import DVC_HINT_HEADINGS, DVC_PUSH_HINT, DVC_UP_TO_DATE, without_dvc_hints
 
     dvc = str(Path(sys.executable).parent / "dvc")
     env = {
@@ -168,6 +168,13 @@ def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
     assert kept_lines == [line for line in dropped if line in kept_lines]  # a subsequence: order kept
     assert len(dropped) - len(kept_lines) == 5  # 2 headings, `git add …`, `dvc config core.autostage true`, push
     assert "\n\n\n" not in kept  # the blank lines around a hint go with it
+
+    again = subprocess.run(
+        [dvc, "repro", "--single-item", "make"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert DVC_UP_TO_DATE in again  # DVC says it twice for a skipped stage
+    kept = "".join(without_dvc_hints(again.splitlines(keepends=True)))
+    assert "Stage 'make' didn't change, skipping" in kept and DVC_UP_TO_DATE not in kept
 
 
 def test_dvc_cli_drops_the_empty_warning_of_the_optional_human_pairs_only(tmp_path):

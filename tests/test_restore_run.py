@@ -3,6 +3,7 @@
 restore mirror a stage's cached outputs (dvc.yaml's, merged checkpoints as their adapter)."""
 
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -90,11 +91,19 @@ def test_save_then_restore_mirrors_the_outputs(tmp_path, monkeypatch):
     Path("data/s/rows.jsonl").write_text('{"a": 1}\n')
     Path("data/s/report.json").write_text("{}")
     Path("data/s/dir/f.txt").write_text("x")
-    restore_run.save(["s"], Path("snap"))
+    timings = Path(".cache/stage_seconds.json")
+    restore_run.save(["s"], Path("snap"), timings)  # no timings here yet: none saved
     assert sorted(str(p) for p in Path("snap").rglob("*") if p.is_file()) == [
         "snap/data/s/dir/f.txt",
         "snap/data/s/rows.jsonl",
     ]
+    timings.parent.mkdir()
+    timings.write_text('{"s": 12.5, "t": 3.0}')
+    restore_run.save(["s"], Path("snap"), timings)
+    timings.write_text('{"s": 20.0}')  # this clone ran s itself: its own figure stays, t comes from the snapshot
+    assert restore_run.restore_timings(Path("snap"), timings) == ["t"]
+    assert json.loads(timings.read_text()) == {"s": 20.0, "t": 3.0}
+    Path("snap/stage_seconds.json").unlink()
     shutil.rmtree("data")
     restore_run.restore(["s"], Path("snap"))
     assert Path("data/s/rows.jsonl").read_text() == '{"a": 1}\n' and Path("data/s/dir/f.txt").read_text() == "x"
