@@ -310,7 +310,8 @@ def test_an_evaluation_is_reused_only_for_the_same_weights_protocol_settings_and
 
         def compute(samples):
             calls.append(samples)
-            return evaluate_checkpoint(tmp_path / "model0", "float32", problems, cfg, verifier, samples)
+            # the task's function: no Prefect API (a task called outside a flow starts a temporary server)
+            return evaluate_checkpoint.fn(tmp_path / "model0", "float32", problems, cfg, verifier, samples)
 
         calls = []
         first = evaluate_once(key, tmp_path / "cache", tmp_path / "run1", lambda: compute(tmp_path / "run1"))

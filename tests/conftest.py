@@ -1,0 +1,13 @@
+"""Test-session environment: what `flows.env.setup_environment` gives every entry point, for tests that run a flow or
+a task in this process (no CLI entry runs there)."""
+
+from __future__ import annotations
+
+import os
+
+
+def pytest_configure(config):
+    # A flow or task run outside a Prefect API starts Prefect's temporary server; its 20 s default start-up limit was
+    # missed on CI's loaded 2 cores (RuntimeError: Timed out while attempting to connect to ephemeral Prefect API
+    # server). The value the CLI sets (flows/env.py).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
