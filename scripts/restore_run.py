@@ -9,8 +9,9 @@ outputs, and `dvc repro` would train everything again. `save` copies the listed 
 ``outs`` without ``cache: false``) from data/ into the snapshot, mirrored under the same paths, except the merged
 checkpoints (≈ 540 MB each): of those only the LoRA adapter beside them (≈ 20 MB) is kept. `restore`, run after `didpo
 run --stages base_model,prepare,simulate_logs,validate,mine` (minutes; or the same `dvc repro`), copies the outputs back
-and rebuilds each ``merged/`` from its start checkpoint and the adapter exactly as the stage exports it
-(`models.training.export`: ``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on
+(and checks out from HEAD the stages' git-tracked metrics, histories and plots that an interrupted run of a stage
+deleted or changed) and rebuilds each ``merged/`` from its start checkpoint and the adapter exactly as the stage exports
+it (`models.training.export`: ``merge_and_unload``, then the weights with the tokenizer): sft on the base model, dpo on
 sft's merged weights, didpo on dpo's. Then it asks DVC itself: `dvc status --json <stages>` must find every dependency
 and every output equal to what the run's dvc.lock recorded (for ``merged/`` that is the md5 of the rebuilt weights, so a
 merge that another CPU rounded otherwise is caught); equal outputs that are only absent from this clone's cache ("not in
@@ -50,6 +51,42 @@ def cached_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
         if options.get("cache", True):
             outs.append(Path(path))
     return outs
+
+
+def git_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The stage's outputs kept in git rather than the DVC cache (``outs``, ``metrics`` and ``plots`` entries with
+    ``cache: false``: its metrics, histories and plots), in dvc.yaml's order.
+
+    Raises KeyError for a stage dvc.yaml does not define."""
+    import yaml
+
+    stage_yaml = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
+    paths = []
+    for entry in [e for key in ("outs", "metrics", "plots") for e in stage_yaml.get(key, [])]:
+        if not isinstance(entry, str):
+            path, options = next(iter(entry.items()))
+            if options and options.get("cache", True) is False:
+                paths.append(Path(path))
+    return paths
+
+
+def restore_from_git(paths: list[Path]) -> list[Path]:
+    """Check out from HEAD those of `paths` that git tracks and that the working tree lacks or changed: DVC deletes a
+    stage's outputs before it runs it, so an interrupted `didpo run` of the stage leaves its committed metrics and
+    histories deleted, and `dvc status` then differs from dvc.lock (issue 19's re-trial: restore exited 1 after a
+    Ctrl-C'd SFT). Returns the paths checked out."""
+    restored = []
+    for path in paths:
+        tracked = subprocess.run(["git", "ls-files", "--", str(path)], capture_output=True, text=True)
+        if tracked.returncode != 0 or not tracked.stdout.strip():
+            continue  # not in git (never committed, ignored, or no git repository here): nothing to restore it from
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", str(path)], capture_output=True, text=True, check=True
+        )
+        if status.stdout.strip():
+            subprocess.run(["git", "checkout", "HEAD", "--", str(path)], capture_output=True, text=True, check=True)
+            restored.append(path)
+    return restored
 
 
 def start_checkpoint(stage: str) -> Path:
@@ -120,10 +157,13 @@ def restore_timings(snapshot: Path, timings: Path) -> list[str]:
 
 
 def restore(stages: list[str], snapshot: Path, dtype: str = "auto") -> None:
-    """Copy the stages' outputs back from `snapshot` and rebuild their merged checkpoints, in the order given.
+    """Copy the stages' outputs back from `snapshot` and rebuild their merged checkpoints, in the order given; their
+    git-tracked outputs that an interrupted run deleted or changed are checked out from HEAD (`restore_from_git`).
 
     Raises FileNotFoundError: the snapshot lacks one of the outputs, or a start checkpoint is missing."""
     for stage in stages:
+        for path in restore_from_git(git_outputs(stage)):
+            print(f"restored {path} (git HEAD)")
         outs = cached_outputs(stage)
         for out in outs:
             if out.name == "merged":

@@ -5,6 +5,7 @@ restore mirror a stage's cached outputs (dvc.yaml's, merged checkpoints as their
 import importlib.util
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,43 @@ def test_only_outputs_missing_from_the_cache_are_accepted():
     deps = {"sft": [{"changed deps": {"models/sft.py": "modified"}}, {"changed outs": {"a": "not in cache"}}]}
     assert not restore_run.only_not_in_cache(deps)
     assert not restore_run.only_not_in_cache({"sft": ["changed checksum"]})
+
+
+def test_git_tracked_outputs_an_interrupted_run_deleted_are_checked_out(tmp_path, monkeypatch):
+    """DVC deletes a stage's outputs before running it: after a Ctrl-C'd SFT its committed metrics, history and plots
+    are gone from the working tree, and restore brings back the committed ones (issue 19's re-trial)."""
+    assert restore_run.git_outputs("sft", ROOT / "dvc.yaml") == [
+        Path("data/sft/history.json"),
+        Path("data/sft/plots"),
+        Path("data/sft/metrics.json"),
+        Path("data/sft/headline.json"),
+    ]
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: x\n    outs:\n      - data/s/rows.jsonl\n"
+        "      - data/s/plots:\n          cache: false\n"
+        "      - data/s/history.json:\n          cache: false\n      - data/s/new.json:\n          cache: false\n"
+        "    metrics:\n      - data/s/headline.json:\n          cache: false\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    Path("data/s/plots").mkdir(parents=True)
+    Path("data/s/plots/loss.json").write_text("[1, 2]")
+    Path("data/s/history.json").write_text('{"loss": [1.0]}')
+    Path("data/s/headline.json").write_text('{"eval_loss": 0.5}')
+    git = ["git", "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run([*git, "add", "dvc.yaml", "data"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "run"], check=True)
+    outputs = restore_run.git_outputs("s")
+    names = ("data/s/plots", "data/s/history.json", "data/s/new.json", "data/s/headline.json")
+    assert outputs == [Path(p) for p in names]
+    assert restore_run.restore_from_git(outputs) == []  # nothing to do on a clean tree
+    shutil.rmtree("data/s/plots")
+    Path("data/s/history.json").unlink()
+    Path("data/s/headline.json").write_text('{"eval_loss": 9.9}')  # a partial re-run's figure
+    Path("data/s/new.json").write_text("{}")  # never committed: left as it is
+    restored = restore_run.restore_from_git(outputs)
+    assert restored == [Path("data/s/plots"), Path("data/s/history.json"), Path("data/s/headline.json")]
+    assert Path("data/s/plots/loss.json").read_text() == "[1, 2]"
+    assert Path("data/s/history.json").read_text() == '{"loss": [1.0]}'
+    assert Path("data/s/headline.json").read_text() == '{"eval_loss": 0.5}'
+    assert Path("data/s/new.json").read_text() == "{}"
