@@ -7,6 +7,12 @@ import os
 
 
 def pytest_configure(config):
+    from flows.env import TELEMETRY_OFF
+
+    # telemetry off for what the tests start in this process too (a Prefect server of their own), also when pytest
+    # runs without the Makefile, which exports the same settings
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
     # A flow or task run outside a Prefect API starts Prefect's temporary server; its 20 s default start-up limit was
     # missed on CI's loaded 2 cores (RuntimeError: Timed out while attempting to connect to ephemeral Prefect API
     # server). The value the CLI sets (flows/env.py).

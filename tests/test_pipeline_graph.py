@@ -124,8 +124,43 @@ def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
     # before sft: sft + gate remain = 3914 s
     assert pipeline.progress_line(2, order, 59.4, timings) == "stage 2/3: sft (elapsed 0 min 59 s, ETA 1 h 05 min)"
     assert pipeline.progress_line(3, order, 3800, timings) == "stage 3/3: gate (elapsed 1 h 03 min, ETA 3 min 09 s)"
+    # DVC found only gate out of date (a restored clone): the ETA is gate's alone until gate, nothing after it
+    assert (
+        pipeline.progress_line(1, order, 0.0, timings, {"gate"})
+        == "stage 1/3: prepare (elapsed 0 min 00 s, ETA 3 min 09 s)"
+    )
+    # sft out of date: sft and gate (gate depends on it), not prepare before it
+    assert pipeline.progress_line(1, order, 0.0, timings, {"sft"}).endswith("ETA 1 h 05 min)")
+    assert pipeline.progress_line(1, order, 0.0, timings, set()).endswith("ETA 0 min 00 s)")  # all up to date
     pipeline.TIMINGS.write_text("not json")
     assert pipeline.read_stage_seconds() == {}  # an unreadable file means no ETA, not a crash
+
+
+def test_out_of_date_is_what_dvc_status_finds_changed(tmp_path):
+    """A real DVC project (no git): after `dvc repro` nothing is out of date; a changed dependency puts its stage
+    back (DVC reports the stage itself, not the ones downstream: `progress_line` counts those); no DVC project
+    means every stage."""
+    import os
+    import subprocess
+    import sys
+
+    from flows.pipeline import out_of_date
+
+    dvc = str(Path(sys.executable).parent / "dvc")
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    assert out_of_date(["a", "b"], tmp_path) == {"a", "b"}  # not a DVC project: DVC cannot tell
+    subprocess.run([dvc, "init", "-q", "--no-scm"], cwd=tmp_path, check=True, env=env)
+    (tmp_path / "in.txt").write_text("1\n")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  a:\n    cmd: cp in.txt a.txt\n    deps: [in.txt]\n    outs: [a.txt]\n"
+        "  b:\n    cmd: cp a.txt b.txt\n    deps: [a.txt]\n    outs: [b.txt]\n"
+    )
+    assert out_of_date(["a", "b"], tmp_path) == {"a", "b"}  # never run
+    subprocess.run([dvc, "repro", "-q"], cwd=tmp_path, check=True, env=env)
+    assert out_of_date(["a", "b"], tmp_path) == set()
+    (tmp_path / "in.txt").write_text("2\n")
+    assert out_of_date(["a", "b"], tmp_path) == {"a"}
+    assert out_of_date(["b"], tmp_path) == set()  # only the stages asked about
 
 
 def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
