@@ -39,18 +39,26 @@ DEFAULT_SNAPSHOT = Path("docs/results/default_run")
 DEFAULT_STAGES = "sft,gate,selfplay,dpo,didpo"
 
 
-def cached_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
-    """The stage's DVC-cached outputs (``outs`` entries without ``cache: false``), in dvc.yaml's order.
+def _output_entries(stage: str, dvc_yaml: Path, keys: tuple[str, ...]) -> list[tuple[Path, bool]]:
+    """``(path, cached)`` of the stage's entries under `keys` (``outs``, ``metrics``, ``plots``), in dvc.yaml's order;
+    ``cached`` is False for ``cache: false``.
 
     Raises KeyError for a stage dvc.yaml does not define."""
     import yaml
 
-    outs = []
-    for entry in yaml.safe_load(dvc_yaml.read_text())["stages"][stage].get("outs", []):
+    stage_yaml = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
+    entries = []
+    for entry in [e for key in keys for e in stage_yaml.get(key, [])]:
         path, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
-        if options.get("cache", True):
-            outs.append(Path(path))
-    return outs
+        entries.append((Path(path), (options or {}).get("cache", True) is not False))
+    return entries
+
+
+def cached_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The stage's DVC-cached outputs (``outs`` entries without ``cache: false``), in dvc.yaml's order.
+
+    Raises KeyError for a stage dvc.yaml does not define."""
+    return [path for path, cached in _output_entries(stage, dvc_yaml, ("outs",)) if cached]
 
 
 def git_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
@@ -58,16 +66,7 @@ def git_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
     ``cache: false``: its metrics, histories and plots), in dvc.yaml's order.
 
     Raises KeyError for a stage dvc.yaml does not define."""
-    import yaml
-
-    stage_yaml = yaml.safe_load(dvc_yaml.read_text())["stages"][stage]
-    paths = []
-    for entry in [e for key in ("outs", "metrics", "plots") for e in stage_yaml.get(key, [])]:
-        if not isinstance(entry, str):
-            path, options = next(iter(entry.items()))
-            if options and options.get("cache", True) is False:
-                paths.append(Path(path))
-    return paths
+    return [path for path, cached in _output_entries(stage, dvc_yaml, ("outs", "metrics", "plots")) if not cached]
 
 
 def restore_from_git(paths: list[Path]) -> list[Path]:
