@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -314,24 +315,67 @@ def plots(
     typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
 
 
-MLFLOW_UI = "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
-
-
 @app.command()
-def ui() -> None:
-    """Print how to open the MLflow and Prefect UIs on this project's embedded state."""
+def ui(
+    mlflow_port: int = typer.Option(5000, help="MLflow UI's port on 127.0.0.1."),
+    prefect_port: int = typer.Option(4200, help="Prefect UI's port on 127.0.0.1 (the runs' \"View at\" links: 4200)."),
+) -> None:
+    """Serve the MLflow and Prefect UIs on this project's embedded state until Ctrl-C (which stops both).
+
+    A team's servers (an http(s) ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``) are not served again: their address is
+    printed. Exits 1 when a port is taken or a server does not come up (its log: .cache/ui/).
+    """
     setup_environment()
+    from flows import ui as servers
     from tasks.config import load_params
 
     uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
-    typer.echo("MLflow (runs, metrics, artifacts, registry):")
-    # MLflow 3's UI opens in its GenAI view unless the address asks for the model-training one (a browser setting).
-    typer.echo(f"  {sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000")
-    typer.echo(f"  → {MLFLOW_UI}")
-    typer.echo("Prefect (flow runs, deployments):")
-    typer.echo(f"  PREFECT_HOME={os.environ['PREFECT_HOME']} {Path(sys.executable).parent}/prefect server start")
-    typer.echo(f'  → {PREFECT_UI} (the runs\' "View at" links point here)')
-    typer.echo("DVC (stages, data versions): dvc dag; dvc status; dvc exp show")
+    wanted = []  # (name, command, environment, health url, page, what it shows)
+    if uri.startswith(("http://", "https://")):
+        typer.echo(f"MLflow: {uri} (your tracking server)")
+    else:
+        url = f"http://127.0.0.1:{mlflow_port}"
+        command = servers.mlflow_command(uri, mlflow_port)
+        what = "runs, metrics, artifacts, registry"
+        wanted.append(("MLflow", command, None, f"{url}/health", f"{url}/{servers.MLFLOW_VIEW}", what))
+    if os.environ.get("PREFECT_API_URL"):
+        typer.echo(f"Prefect: {os.environ['PREFECT_API_URL']} (your Prefect API; its UI serves the flow runs)")
+    else:
+        url = f"http://127.0.0.1:{prefect_port}"
+        command, env = servers.prefect_command(prefect_port)
+        what = "flow runs, each stage a subflow of its pipeline run"
+        if url != PREFECT_UI:
+            what += f'; the runs\' "View at" links say {PREFECT_UI}'
+        wanted.append(("Prefect", command, env, f"{url}/api/health", url, what))
+    if not wanted:
+        return
+    for name, command, *_ in wanted:
+        if servers.port_in_use(port := int(command[-1])):
+            typer.secho(
+                f"{name}: port {port} is in use (another `didpo ui`?): --{name.lower()}-port N", fg="red", err=True
+            )
+            raise typer.Exit(1)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    typer.echo("starting the UIs (Prefect's server takes up to a minute on 2 busy cores) ...")
+    try:
+        with contextlib.ExitStack() as stack:
+            procs = []
+            for name, command, env, health, page, what in wanted:
+                log = Path(".cache/ui") / f"{name.lower()}.log"
+                procs.append((name, stack.enter_context(servers.serving(command, health, log, env)), log))
+                typer.echo(f"{name}: {page}  ({what})")
+            typer.echo("DVC: `didpo plots` → dvc_plots/index.html (opens from disk); dvc metrics show; dvc exp show")
+            typer.echo("Ctrl-C stops the UIs.")
+            while all(proc.poll() is None for _, proc, _ in procs):
+                time.sleep(1.0)
+            name, proc, log = next((n, p, lg) for n, p, lg in procs if p.poll() is not None)
+            typer.secho(f"{name}'s server exited ({proc.returncode}); its output: {log}", fg="red", err=True)
+            raise typer.Exit(1)
+    except RuntimeError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("UIs stopped.")
 
 
 if __name__ == "__main__":

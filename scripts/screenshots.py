@@ -2,9 +2,10 @@
 
     .venv/bin/python scripts/screenshots.py [--out docs/screenshots]
 
-It serves the project's own state as `didpo ui` says to (``mlflow ui`` on ``tracking.tracking_uri``, ``prefect
-server start`` on ``PREFECT_HOME=.prefect``), renders `didpo plots`' offline page, and has Chromium (Debian's
-``chromium`` package: ``apt-get install chromium``) draw each page with its scripts run to completion:
+It serves the project's own state as `didpo ui` does (``flows.ui``: ``mlflow ui`` on ``tracking.tracking_uri``,
+``prefect server start`` on ``PREFECT_HOME=.prefect``, here on free ports), renders `didpo plots`' offline page, and
+has Chromium (Debian's ``chromium`` package: ``apt-get install chromium``) draw each page with its scripts run to
+completion:
 
 - ``mlflow_experiment.png``: the experiment's runs (``#/experiments/<id>``);
 - ``mlflow_pipeline_run.png``: the latest pipeline run, its stage runs nested under it;
@@ -27,11 +28,8 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,43 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
-    """Poll `url` until it answers 200; raises RuntimeError when `proc` exits or `timeout_s` passes first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before {url} answered")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        time.sleep(1.0)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
-
-
-@contextlib.contextmanager
-def serving(command: list[str], health_url: str, env: dict[str, str], log: Path) -> Iterator[None]:
-    """Run a server until the block ends (stopped with SIGTERM, then killed)."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for(health_url, proc)
-            yield
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def chromium() -> str:
@@ -181,6 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(ROOT)
     from flows.env import setup_environment
+    from flows.ui import free_port, mlflow_command, prefect_command, serving
     from tasks.config import load_params
 
     setup_environment()
@@ -196,16 +158,13 @@ def main() -> None:
         screenshot(page, (ROOT / "dvc_plots" / "index.html").as_uri(), args.out / "dvc_plots.png", "SFT loss")
 
         port = free_port()
-        mlflow_cmd = [str(BIN / "mlflow"), "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
-        with serving(mlflow_cmd, f"http://127.0.0.1:{port}/health", dict(os.environ), logs / "mlflow.log"):
+        with serving(mlflow_command(uri, port), f"http://127.0.0.1:{port}/health", logs / "mlflow.log"):
             for stem, (route, expect) in mlflow_pages(uri, tracking.experiment).items():
                 screenshot(page, f"http://127.0.0.1:{port}/{route}", args.out / f"{stem}.png", expect, settle_ms=8000)
 
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")}
-        env["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"  # else the page asks the default port's API
-        prefect_cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-        with serving(prefect_cmd, f"http://127.0.0.1:{port}/api/health", env, logs / "prefect.log"):
+        command, env = prefect_command(port)
+        with serving(command, f"http://127.0.0.1:{port}/api/health", logs / "prefect.log", env):
             runs = re.compile(r"^[1-9][0-9]* (Flow )?runs?$", re.IGNORECASE)  # the list's count, once it has loaded
             screenshot(page, f"http://127.0.0.1:{port}/runs", args.out / "prefect_runs.png", runs)
 

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -42,11 +43,25 @@ def test_run_refuses_what_the_dvc_stages_would_ignore(tmp_path):
     assert "unknown stage(s) sfft; stages: base_model, prepare" in result.output
 
 
-def test_ui_prints_both_uis():
-    result = runner.invoke(app, ["ui"])
+def test_ui_refuses_a_taken_port_and_names_a_team_server(monkeypatch, tmp_path):
+    """`didpo ui` stops before starting anything when a port is taken (saying which option moves it), and prints a
+    team's MLflow server instead of serving it again."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["ui", "--mlflow-port", str(port)])
+    assert result.exit_code == 1
+    assert f"MLflow: port {port} is in use (another `didpo ui`?): --mlflow-port N" in result.output
+    assert not (tmp_path / ".cache").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.team.example")
+    monkeypatch.setenv("PREFECT_API_URL", "https://prefect.team.example/api")
+    result = runner.invoke(app, ["ui"])  # nothing local left to serve
     assert result.exit_code == 0
-    assert "mlflow ui --backend-store-uri" in result.output and "prefect server start" in result.output
-    assert "workflowType=machine_learning" in result.output  # MLflow's model-training view, not its GenAI one
+    assert "MLflow: https://mlflow.team.example (your tracking server)" in result.output
+    assert "Prefect: https://prefect.team.example/api (your Prefect API" in result.output
 
 
 def test_flow_run_links_point_at_the_ui_that_serves_the_runs_database(monkeypatch, tmp_path):
@@ -67,7 +82,6 @@ def test_flow_run_links_point_at_the_ui_that_serves_the_runs_database(monkeypatc
     run_id = str(uuid.uuid4())
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:8230/api"}):  # the temporary server of a run
         assert url_for("flow-run", obj_id=run_id) == f"{PREFECT_UI}/runs/flow-run/{run_id}"
-    assert f'{PREFECT_UI} (the runs\' "View at" links point here)' in runner.invoke(app, ["ui"]).output
     monkeypatch.delenv("PREFECT_UI_URL")
     monkeypatch.setenv("PREFECT_API_URL", "https://prefect.team.example/api")
     setup_environment(tmp_path)
@@ -102,3 +116,54 @@ def test_library_info_lines_are_quiet_and_prefect_keeps_its_server_line():
     record = logging.LogRecord("prefect", logging.INFO, __file__, 1, message, None, None)
     assert WithoutServerDocs().filter(record)
     assert record.getMessage() == "Starting temporary server on http://127.0.0.1:8077"
+
+
+@pytest.mark.slow
+def test_ui_serves_both_uis_until_ctrl_c(tmp_path):
+    """`didpo ui` as a person runs it: both servers answer at the addresses it prints, and Ctrl-C stops them (exit 0,
+    both ports closed, no process of either server left, a second Ctrl-C during the stop included)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from flows.ui import free_port, port_in_use
+
+    mlflow_port, prefect_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")}
+    env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PREFECT_HOME": str(tmp_path / ".prefect")}
+    didpo = Path(sys.executable).parent / "didpo"
+    command = [str(didpo), "ui", "--mlflow-port", str(mlflow_port), "--prefect-port", str(prefect_port)]
+    log = tmp_path / "ui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops the UIs." not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(1)
+        text = log.read_text()
+        assert f"MLflow: http://127.0.0.1:{mlflow_port}/#/experiments?workflowType=machine_learning" in text
+        assert f"Prefect: http://127.0.0.1:{prefect_port}  (flow runs" in text
+        assert 'the runs\' "View at" links say http://127.0.0.1:4200' in text  # not the default port here
+        for url in (f"http://127.0.0.1:{mlflow_port}/health", f"http://127.0.0.1:{prefect_port}/api/health"):
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert response.status == 200
+        leaders = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(leaders) == 2, leaders  # each server leads its own session (a terminal's Ctrl-C reaches didpo only)
+        groups = ",".join(leaders)
+        servers = subprocess.run(["pgrep", "-g", groups], capture_output=True, text=True).stdout.split()
+        assert len(servers) > 2, servers  # MLflow's UI runs worker processes of its own
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # an impatient second Ctrl-C while the servers stop: the stop still finishes
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert log.read_text().rstrip().endswith("UIs stopped.")
+    assert not port_in_use(mlflow_port) and not port_in_use(prefect_port)
+    left = subprocess.run(["pgrep", "-g", groups], capture_output=True, text=True).stdout.split()
+    assert not left, f"server processes left: {left}"
