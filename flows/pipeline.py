@@ -182,10 +182,16 @@ def dvc_push() -> None:
 TIMINGS = Path(".cache/stage_seconds.json")
 
 
-def read_stage_seconds() -> dict[str, float]:
-    """`TIMINGS` as ``{stage: seconds}`` ({} before any stage has run here or when the file is unreadable)."""
+# The committed default run's stage seconds (saved with its snapshot by scripts/restore_run.py; 2 cores with
+# AVX512-BF16): the ETA's figure for a stage never run in this clone, and the ETA line says so.
+REFERENCE_TIMINGS = Path("docs/results/default_run/stage_seconds.json")
+
+
+def read_stage_seconds(path: Path | None = None) -> dict[str, float]:
+    """`path` (default `TIMINGS`) as ``{stage: seconds}`` ({} before any stage has run here or when the file is
+    unreadable)."""
     try:
-        return {str(k): float(v) for k, v in json.loads(TIMINGS.read_text()).items()}
+        return {str(k): float(v) for k, v in json.loads((path or TIMINGS).read_text()).items()}
     except (OSError, ValueError, AttributeError):
         return {}
 
@@ -219,18 +225,27 @@ def out_of_date(order: list[str], root: str | Path = ".") -> set[str]:
 
 
 def progress_line(
-    i: int, order: list[str], elapsed_s: float, timings: dict[str, float], to_run: set[str] | None = None
+    i: int,
+    order: list[str],
+    elapsed_s: float,
+    timings: dict[str, float],
+    to_run: set[str] | None = None,
+    reference: dict[str, float] | None = None,
 ) -> str:
     """``stage i/N: name (elapsed …, ETA …)`` before stage ``order[i - 1]`` starts: the ETA is the seconds, in the
     last run that ran each (`TIMINGS`), of the remaining stages from the first one in `to_run` (`out_of_date` at the
     start; None: all of them) on, since each later stage depends on what runs before it and DVC skips the up-to-date
     ones before (issue 19's re-trial: a restored clone's ETA was 3 h 17 min for the 46 min of evaluate and
-    register); ``?`` while one of those has never run here."""
+    register). A stage never run here takes its figure from `reference` (`REFERENCE_TIMINGS`), and the line then
+    says ``ETA …, committed run's timings`` (another CPU or other params take another time); ``?`` when a stage has
+    no figure in either."""
     remaining = order[i - 1 :]
     first = next((k for k, s in enumerate(remaining) if to_run is None or s in to_run), len(remaining))
     remaining = remaining[first:]
-    eta = sum(timings[s] for s in remaining) if all(s in timings for s in remaining) else None
-    return f"stage {i}/{len(order)}: {order[i - 1]} (elapsed {_duration(elapsed_s)}, ETA {_duration(eta)})"
+    known = (reference or {}) | timings
+    eta = sum(known[s] for s in remaining) if all(s in known for s in remaining) else None
+    source = ", committed run's timings" if eta is not None and any(s not in timings for s in remaining) else ""
+    return f"stage {i}/{len(order)}: {order[i - 1]} (elapsed {_duration(elapsed_s)}, ETA {_duration(eta)}{source})"
 
 
 @flow(name="pipeline")
@@ -249,8 +264,10 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
         logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
         ran = {}
         to_run = out_of_date(order)
+        reference = read_stage_seconds(REFERENCE_TIMINGS)
         for i, name in enumerate(order, 1):
-            logger.info(progress_line(i, order, time.monotonic() - started, read_stage_seconds(), to_run))
+            elapsed = time.monotonic() - started
+            logger.info(progress_line(i, order, elapsed, read_stage_seconds(), to_run, reference))
             ran[name] = repro_stage(name)
         if push:
             dvc_push()

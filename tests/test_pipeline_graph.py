@@ -132,6 +132,17 @@ def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
     # sft out of date: sft and gate (gate depends on it), not prepare before it
     assert pipeline.progress_line(1, order, 0.0, timings, {"sft"}).endswith("ETA 1 h 05 min)")
     assert pipeline.progress_line(1, order, 0.0, timings, set()).endswith("ETA 0 min 00 s)")  # all up to date
+    # a fresh clone: stages never run here take the committed run's figures, and the line says so
+    reference = {"prepare": 16.6, "sft": 5148.9, "gate": 569.2}
+    assert (
+        pipeline.progress_line(1, order, 0.0, {}, None, reference)
+        == "stage 1/3: prepare (elapsed 0 min 00 s, ETA 1 h 35 min, committed run's timings)"
+    )  # 5734.7 s
+    mixed = pipeline.progress_line(1, order, 0.0, {"prepare": 59.0, "sft": 3725.0}, None, reference)
+    assert mixed.endswith("ETA 1 h 12 min, committed run's timings)")  # 59 + 3725 here + gate's 569.2 borrowed: 4353 s
+    assert pipeline.progress_line(2, order, 59.4, timings, None, reference).endswith("ETA 1 h 05 min)")  # all here
+    assert pipeline.progress_line(1, order, 0.0, {}, None, {"prepare": 1.0}).endswith("ETA ?)")  # sft has no figure
+    assert set(pipeline.read_stage_seconds(ROOT / pipeline.REFERENCE_TIMINGS)) == set(stage_order(ROOT))
     pipeline.TIMINGS.write_text("not json")
     assert pipeline.read_stage_seconds() == {}  # an unreadable file means no ETA, not a crash
 
