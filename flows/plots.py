@@ -40,19 +40,55 @@ def dvc_plot_specs(revisions: tuple[str, ...] = ()) -> tuple[dict[str, dict], li
     return specs, problems
 
 
+def readable(spec: dict) -> dict:
+    """A copy of a DVC-filled Vega-Lite spec (DVC's ``linear`` template) drawn for reading:
+
+    - points without a y value are dropped (evaluate writes a row for every k of its list, null where n answers
+      allow no estimate: pass@k on val drew an x axis to 16 for figures at k 1 and 2);
+    - with one revision, each series gets its own colour (DVC colours by revision and tells series apart by dash
+      pattern alone: four checkpoints in one colour); a ``dvc plots diff`` of several revisions keeps DVC's encoding.
+    """
+    spec = json.loads(json.dumps(spec))
+    values = spec.get("data", {}).get("values")
+    if values is None:
+        return spec
+    spec["data"]["values"] = [row for row in values if row.get("dvc_inferred_y_value", 0) is not None]
+    dash = spec.get("encoding", {}).get("strokeDash")
+    key = dash.get("field") if isinstance(dash, dict) else None  # what tells series apart: field, filename::field
+    if len({row.get("rev") for row in values}) == 1 and key and any(key in row for row in values):
+        series = sorted({row[key] for row in values if key in row})
+        colour = {"field": key, "type": "nominal", "title": "series", "scale": {"domain": series}}
+
+        def recolour(node):
+            if isinstance(node, dict):
+                if isinstance(node.get("color"), dict) and node["color"].get("field") == "rev":
+                    node["color"] = colour
+                for value in node.values():
+                    recolour(value)
+            elif isinstance(node, list):
+                for value in node:
+                    recolour(value)
+
+        recolour(spec)
+        dash["title"] = "series"  # the same field, title and domain as the colour: one legend
+        dash.pop("legend", None)
+    return spec
+
+
 def slug(title: str) -> str:
     """A file name for a plot title: lowercase ASCII words joined by ``_`` (``pass@k on val`` → ``pass_k_on_val``)."""
     return re.sub(r"[^a-z0-9]+", "_", title.lower()).strip("_") or "plot"
 
 
 def render(specs: dict[str, dict], out: Path = OUT) -> Path:
-    """Write ``out/index.html`` (every plot, the Vega libraries inlined) and ``out/<slug>.png`` per plot; returns the
-    page's path."""
+    """Write ``out/index.html`` (every plot, the Vega libraries inlined) and ``out/<slug>.png`` per plot, each spec
+    through `readable`; returns the page's path."""
     import vl_convert as vlc
 
     out.mkdir(parents=True, exist_ok=True)
     divs, calls = [], []
     for i, (title, spec) in enumerate(specs.items()):
+        spec = readable(spec)
         (out / f"{slug(title)}.png").write_bytes(vlc.vegalite_to_png(spec, scale=2))
         divs.append(f'<div id="plot{i}"></div>')
         calls.append(f"vegaEmbed('#plot{i}', {json.dumps(spec)});")

@@ -71,3 +71,30 @@ def test_dvc_metrics_are_the_stages_headlines():
     columns = set().union(*(f.HEADLINE for f in (baseline, didpo, dpo, gate, mine, prepare, register, selfplay, sft)))
     columns |= {"quarantined", "val.pass@1", "humaneval.pass@1"}  # validate's and evaluate's
     assert len(columns) < 20, sorted(columns)
+
+
+def test_dvc_specs_are_drawn_readable(monkeypatch):
+    """DVC's real `dvc plots show --json` spec of `pass@k on val` (the committed evaluate output): the rows of a k
+    without figures are dropped (k 1 and 2 of 1, 2, 5, 10, 16 at n = 4), and with one revision each checkpoint has its
+    own colour instead of one colour and four dash patterns; a spec of two revisions keeps DVC's colour by revision."""
+    import os
+    import sys
+
+    from flows.plots import dvc_plot_specs, readable
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # this env's dvc
+    specs, _ = dvc_plot_specs()
+    spec = specs["pass@k on val"]
+    rows = spec["data"]["values"]
+    assert len(rows) == 20 and sum(r["dvc_inferred_y_value"] is None for r in rows) == 12  # 4 checkpoints × 5 k
+    drawn = readable(spec)
+    assert sorted({(r["field"], r["k"]) for r in drawn["data"]["values"]}) == [
+        (name, k) for name in ("base", "didpo", "dpo", "sft") for k in (1, 2)
+    ]
+    assert drawn["encoding"]["color"]["field"] == "field"
+    colours = [layer["encoding"]["color"] for layer in drawn["layer"] if "color" in layer.get("encoding", {})]
+    assert len(colours) == 3 and all(c["field"] == "field" for c in colours)
+    assert "rev" not in json.dumps(drawn["encoding"]["color"]) and spec["encoding"]["color"]["field"] == "rev"
+    two = json.loads(json.dumps(spec))
+    two["data"]["values"] += [dict(r, rev="HEAD~1") for r in rows]
+    assert readable(two)["encoding"] == spec["encoding"]  # a diff of revisions: colour stays the revision
