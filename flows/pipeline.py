@@ -23,7 +23,7 @@ from prefect import flow, get_run_logger, task
 
 from tasks.config import load_params
 from tasks.io import atomic_write_lines
-from tasks.tracking import pipeline_run
+from tasks.tracking import log_run_summary, pipeline_run
 
 
 class StageFailed(RuntimeError):
@@ -248,6 +248,29 @@ def progress_line(
     return f"stage {i}/{len(order)}: {order[i - 1]} (elapsed {_duration(elapsed_s)}, ETA {_duration(eta)}{source})"
 
 
+def headline_metrics(order: list[str], root: str | Path = ".") -> dict[str, float]:
+    """The run's result as MLflow metrics of its parent run: every figure of the `order` stages' DVC metrics (their
+    headline files, what ``dvc metrics show`` prints), as ``<stage>/<key>``, evaluate's one file a checkpoint as
+    ``evaluate/<checkpoint>/<key>``; booleans as 0/1, text left out, names made MLflow-legal (``pass@1`` →
+    ``pass_at_1``). A stage whose headline is missing (never run) has none."""
+    import yaml
+
+    from tasks.tracking import metric_name
+
+    stages = yaml.safe_load((Path(root) / "dvc.yaml").read_text())["stages"]
+    metrics = {}
+    for stage in order:
+        for entry in stages.get(stage, {}).get("metrics", []):
+            path = Path(root) / (next(iter(entry)) if isinstance(entry, dict) else entry)
+            files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+            for file in files:
+                prefix = f"{stage}/{file.stem}" if path.is_dir() else stage
+                for key, value in json.loads(file.read_text()).items():
+                    if isinstance(value, (bool, int, float)):
+                        metrics[metric_name(f"{prefix}/{key}")] = float(value)
+    return metrics
+
+
 @flow(name="pipeline")
 def pipeline(stages: list[str] | None = None, push: bool = True, params_path: str = "params.yaml") -> dict[str, bool]:
     """Run the DVC graph stage by stage (all of it, or ``stages`` in graph order), then ``dvc push``.
@@ -267,8 +290,12 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
         reference = read_stage_seconds(REFERENCE_TIMINGS)
         for i, name in enumerate(order, 1):
             elapsed = time.monotonic() - started
-            logger.info(progress_line(i, order, elapsed, read_stage_seconds(), to_run, reference))
+            # once a stage has run, the ones after it may be out of date too (DVC finds out when it gets there)
+            counted = None if any(ran.values()) else to_run
+            logger.info(progress_line(i, order, elapsed, read_stage_seconds(), counted, reference))
             ran[name] = repro_stage(name)
+        ran_names = ",".join(s for s in order if ran[s])
+        log_run_summary({"stages": ",".join(order), "ran": ran_names or "none"}, headline_metrics(order))
         if push:
             dvc_push()
     return ran

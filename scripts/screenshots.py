@@ -122,7 +122,11 @@ def mlflow_pages(tracking_uri: str, experiment: str) -> dict[str, tuple[str, str
         ("mlflow_pipeline_run", "pipeline", "", "Parameters"),
         ("mlflow_sft_metrics", "sft", "/model-metrics", "tokens_per_s"),
     ):
-        runs = client.search_runs([eid], f"tags.`didpo.stage` = '{stage}'", order_by=["start_time DESC"], max_results=1)
+        # the latest finished one (a run stopped by Ctrl-C has only part of its curves), else the latest
+        query = f"tags.`didpo.stage` = '{stage}'"
+        runs = client.search_runs(
+            [eid], f"{query} and attributes.status = 'FINISHED'", order_by=["start_time DESC"], max_results=1
+        ) or client.search_runs([eid], query, order_by=["start_time DESC"], max_results=1)
         if runs:
             pages[stem] = (f"#/experiments/{eid}/runs/{runs[0].info.run_id}{tab}{ML_VIEW}", expect)
         else:

@@ -215,6 +215,14 @@ def mlflow_emit(metrics: dict[str, float], step: int) -> None:
     mlflow.log_metrics({metric_name(k): float(v) for k, v in metrics.items()}, step=step)
 
 
+def log_run_summary(params: dict[str, str], metrics: dict[str, float]) -> None:
+    """Log a whole run's parameters and result figures on the current (parent) run."""
+    import mlflow
+
+    mlflow.log_params({key: _param(value) for key, value in params.items()})
+    mlflow.log_metrics(metrics)
+
+
 def set_tags(tags: dict[str, str]) -> None:
     """Tag the current stage run (MLflow tag values are strings)."""
     import mlflow

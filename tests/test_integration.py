@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.pipeline import headline_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 COPY = [
@@ -172,6 +174,12 @@ def test_didpo_run_through_prefect(project):
     client, runs = mlflow_runs(root)
     parents = [r for r in runs if r.data.tags["didpo.stage"] == "pipeline"]
     assert len(parents) == 1
+    # the pipeline run holds the run's result: every stage's headline figures, and which stages ran
+    prepare = json.loads((root / "data/prepared/headline.json").read_text())
+    assert parents[0].data.metrics["prepare/problems"] == prepare["problems"]
+    metrics = headline_metrics(STAGES, root)
+    assert parents[0].data.metrics == metrics and len(metrics) == 3  # prepare, validate, mine (simulate_logs: none)
+    assert sorted(parents[0].data.params["stages"].split(",")) == STAGES and "prepare" in parents[0].data.params["ran"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert sorted(r.data.tags["didpo.stage"] for r in children) == STAGES
     assert all(r.info.status == "FINISHED" for r in children)

@@ -252,3 +252,38 @@ def test_dvc_cli_drops_the_empty_warning_of_the_optional_human_pairs_only(tmp_pa
     assert "Running stage 'copy'" in done.stdout and (tmp_path / "dvc.lock").is_file()
     assert "'notes.txt' is empty." in done.stderr and "'out.txt' is empty." in done.stderr, done.stderr
     assert "raw/pairs.jsonl' is empty" not in done.stderr, done.stderr
+
+
+def test_headline_metrics_are_the_stages_dvc_metrics(tmp_path):
+    """The pipeline run's result metrics: each stage's headline figures as ``<stage>/<key>``, evaluate's folder as
+    ``evaluate/<checkpoint>/<key>``, booleans 0/1, text left out, ``@`` made MLflow-legal; a stage not asked for or
+    never run gives none."""
+    import json
+
+    from flows.pipeline import headline_metrics
+
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n"
+        "  sft:\n    cmd: x\n    metrics:\n      - data/sft/headline.json:\n          cache: false\n"
+        "  evaluate:\n    cmd: x\n    metrics:\n      - data/evaluate/headline:\n          cache: false\n"
+        "  register:\n    cmd: x\n    metrics:\n      - data/register/headline.json:\n          cache: false\n"
+        "  dpo:\n    cmd: x\n    metrics:\n      - data/dpo/headline.json\n"
+    )
+    for path, figures in {
+        "data/sft/headline.json": {"eval_loss": 0.0166, "step": 240},
+        "data/evaluate/headline/base.json": {"val.pass@1": 0.0},
+        "data/evaluate/headline/dpo.json": {"val.pass@1": 0.412, "humaneval.pass@1": 0.037},
+        "data/register/headline.json": {"checkpoint": "dpo", "promoted": False, "version": 2},
+    }.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(json.dumps(figures))
+    assert headline_metrics(["sft", "evaluate", "register", "dpo"], tmp_path) == {
+        "sft/eval_loss": 0.0166,
+        "sft/step": 240.0,
+        "evaluate/base/val.pass_at_1": 0.0,
+        "evaluate/dpo/val.pass_at_1": 0.412,
+        "evaluate/dpo/humaneval.pass_at_1": 0.037,
+        "register/promoted": 0.0,
+        "register/version": 2.0,
+    }  # dpo never ran: no headline file
+    assert headline_metrics(["sft"], tmp_path) == {"sft/eval_loss": 0.0166, "sft/step": 240.0}

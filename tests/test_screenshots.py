@@ -36,6 +36,13 @@ def test_mlflow_pages_for_a_store(tmp_path):
         "mlflow_sft_metrics": (f"#/experiments/{eid}/runs/{sft.info.run_id}/model-metrics{view}", "tokens_per_s"),
     }  # no pipeline run and no registered model yet: those pages are left out
 
+    # an SFT run stopped by Ctrl-C after it holds part of the curves: the page stays on the finished one
+    stopped = client.create_run(eid, run_name="sft", tags={"didpo.stage": "sft"})
+    client.set_terminated(stopped.info.run_id, status="KILLED")
+    assert screenshots.mlflow_pages(uri, "didpo-pipeline")["mlflow_sft_metrics"][0].startswith(
+        f"#/experiments/{eid}/runs/{sft.info.run_id}/"
+    )
+
     client.create_registered_model("didpo-coder")
     for _ in range(2):
         client.create_model_version("didpo-coder", str(tmp_path / "art"), run_id=sft.info.run_id)
