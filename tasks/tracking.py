@@ -58,11 +58,12 @@ def configure(tracking: TrackingConfig) -> str:
 
 
 def pipeline_outputs(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
-    """Every path the DVC graph writes (``outs``, ``metrics``, ``plots`` of every stage) and ``dvc.lock``: files a
-    run rewrites, so a change to them does not make the source tree dirty."""
+    """Every path the DVC graph writes (``outs``, ``metrics``, ``plots`` of every stage), ``dvc.lock`` and
+    ``docs/screenshots`` (`make screenshots` retakes them from a run's state): files the tools rewrite, so a change
+    to them does not make the source tree dirty."""
     path = Path(dvc_yaml)
     stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {}) if path.is_file() else {}
-    out = ["dvc.lock"]
+    out = ["dvc.lock", "docs/screenshots"]
     for stage in stages.values():
         for kind in ("outs", "metrics", "plots"):
             for entry in stage.get(kind, []):

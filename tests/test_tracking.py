@@ -78,8 +78,8 @@ def test_env_tracking_uri_wins(tracking_cfg, tmp_path, monkeypatch):
 
 
 def test_a_run_rewriting_its_own_outputs_leaves_the_commit_clean(tmp_path, monkeypatch):
-    """A run rewrites dvc.lock and cache-less metrics (tracked in git): that must not mark the commit dirty, while
-    an edited source file must."""
+    """A run rewrites dvc.lock and cache-less metrics, `make screenshots` its PNGs (tracked in git): that must not
+    mark the commit dirty, while an edited source file must."""
     import subprocess
 
     def git(*args):
@@ -90,14 +90,15 @@ def test_a_run_rewriting_its_own_outputs_leaves_the_commit_clean(tmp_path, monke
         "    metrics:\n      - data/m.json\n"
     )
     (tmp_path / "data").mkdir()
-    for name in ("dvc.lock", "data/out.json", "data/m.json", "code.py"):
+    (tmp_path / "docs/screenshots").mkdir(parents=True)
+    for name in ("dvc.lock", "data/out.json", "data/m.json", "code.py", "docs/screenshots/mlflow_experiment.png"):
         (tmp_path / name).write_text("v1\n")
     git("init", "-q")
     git("add", ".")
     git("-c", "user.email=a@b", "-c", "user.name=t", "commit", "-qm", "init")
     monkeypatch.chdir(tmp_path)
-    assert tracking.pipeline_outputs() == ["dvc.lock", "data/out.json", "data/m.json"]
-    for name in ("dvc.lock", "data/out.json", "data/m.json"):
+    assert tracking.pipeline_outputs() == ["dvc.lock", "docs/screenshots", "data/out.json", "data/m.json"]
+    for name in ("dvc.lock", "data/out.json", "data/m.json", "docs/screenshots/mlflow_experiment.png"):
         (tmp_path / name).write_text("v2\n")
     sha, dirty = tracking.git_commit()
     assert len(sha) == 40 and dirty is False
