@@ -131,7 +131,9 @@ def test_ui_serves_both_uis_until_ctrl_c(tmp_path):
 
     from flows.ui import free_port, port_in_use
 
-    mlflow_port, prefect_port = free_port(), free_port()
+    mlflow_port = prefect_port = free_port()
+    while prefect_port == mlflow_port:  # each call may hand out the port the last one closed
+        prefect_port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_URL")}
     env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PREFECT_HOME": str(tmp_path / ".prefect")}
     didpo = Path(sys.executable).parent / "didpo"
