@@ -4,6 +4,7 @@ a task in this process (no CLI entry runs there)."""
 from __future__ import annotations
 
 import os
+import signal
 
 
 def pytest_configure(config):
@@ -17,3 +18,9 @@ def pytest_configure(config):
     # missed on CI's loaded 2 cores (RuntimeError: Timed out while attempting to connect to ephemeral Prefect API
     # server). The value the CLI sets (flows/env.py).
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # Tests send SIGINT (Ctrl-C) to programs they start. A shell starts a background job (`make test &`, nohup) with
+    # SIGINT ignored, every child inherits that, and those tests then fail (the interrupt "lost"; `didpo ui` never
+    # stopping), as a session's background fresh-clone run did. Python's own handler here: children start with the
+    # default disposition again (a caught signal is reset at exec), as under a terminal or CI.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
