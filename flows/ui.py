@@ -7,7 +7,8 @@
   "View at" links point at ``flows.env.PREFECT_UI``, this server's default address.
 
 Each server runs in its own session and is stopped as a process group (SIGTERM, then SIGKILL after 20 s): MLflow's UI
-starts worker processes of its own (uvicorn's, its job consumer) that outlive a signal sent to the leader alone.
+starts worker processes of its own (uvicorn's, its job consumer) that outlive a signal sent to the leader alone. The
+servers start and stop in parallel.
 
 Source: MLflow's ``mlflow ui`` / ``/health`` (mlflow/server/__init__.py), Prefect's ``prefect server start`` and
 ``/api/health`` (prefect/server/api/server.py).
@@ -25,6 +26,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 BIN = Path(sys.executable).parent
 MLFLOW_VIEW = "#/experiments?workflowType=machine_learning"  # the model-training view of the experiment list
@@ -74,54 +76,74 @@ def wait_for(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
-def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    """SIGTERM to `proc`'s process group (it leads its own session), SIGKILL to what is left after `timeout_s`.
+def stop_groups(procs: list[subprocess.Popen], timeout_s: float = 20.0) -> None:
+    """SIGTERM to each of `procs`' process groups (each leads its own session), all at once; SIGKILL to the groups
+    with members left after `timeout_s`. Returns when every group is empty: the servers stop in parallel, so the
+    slowest sets the time.
 
     SIGINT and SIGTERM to this process wait until the stop is done (a second Ctrl-C would otherwise abort it and
-    leave the group running); they take effect after it.
+    leave a group running); they take effect after it.
     """
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        _stop_group(proc, timeout_s)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+            deadline = time.monotonic() + timeout_s
+            while any(map(_group_alive, procs)):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            else:
+                return
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # the leader is gone; its children may not be: a group with members left still answers signal 0
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether `proc`'s process group has a member left (the leader reaped first: a zombie still counts)."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Server(NamedTuple):
+    """A server to run: its command, the URL that answers 200 once it is up, the file its output goes to, and its
+    environment (None: this process's)."""
+
+    command: list[str]
+    health_url: str
+    log: Path
+    env: dict[str, str] | None = None
 
 
 @contextlib.contextmanager
-def serving(
-    command: list[str], health_url: str, log: Path, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen]:
-    """Run a server in its own session, its output to `log`, until the block ends; yields once `health_url` answers.
+def serving(*servers: Server) -> Iterator[list[subprocess.Popen]]:
+    """Run `servers`, each in its own session with its output to its log, until the block ends; they start and stop
+    in parallel. Yields their processes once every health URL answers.
 
     Raises:
-        RuntimeError: the server exited or never answered (see `log`).
+        RuntimeError: a server exited or never answered (the message names its log).
     """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
+    procs: list[subprocess.Popen] = []
+    try:
+        for server in servers:
+            server.log.parent.mkdir(parents=True, exist_ok=True)
+            with server.log.open("w") as out:
+                procs.append(
+                    subprocess.Popen(
+                        server.command, env=server.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        for server, proc in zip(servers, procs, strict=True):
             try:
-                wait_for(health_url, proc)
+                wait_for(server.health_url, proc)
             except RuntimeError as err:
-                raise RuntimeError(f"{err} (its output: {log})") from err
-            yield proc
-        finally:
-            stop_group(proc)
+                raise RuntimeError(f"{err} (its output: {server.log})") from err
+        yield procs
+    finally:
+        stop_groups(procs)

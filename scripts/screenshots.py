@@ -146,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(ROOT)
     from flows.env import setup_environment
-    from flows.ui import free_port, mlflow_command, prefect_command, serving
+    from flows.ui import Server, free_port, mlflow_command, prefect_command, serving
     from tasks.config import load_params
 
     setup_environment()
@@ -162,13 +162,13 @@ def main() -> None:
         screenshot(page, (ROOT / "dvc_plots" / "index.html").as_uri(), args.out / "dvc_plots.png", "SFT loss")
 
         port = free_port()
-        with serving(mlflow_command(uri, port), f"http://127.0.0.1:{port}/health", logs / "mlflow.log"):
+        with serving(Server(mlflow_command(uri, port), f"http://127.0.0.1:{port}/health", logs / "mlflow.log")):
             for stem, (route, expect) in mlflow_pages(uri, tracking.experiment).items():
                 screenshot(page, f"http://127.0.0.1:{port}/{route}", args.out / f"{stem}.png", expect, settle_ms=8000)
 
         port = free_port()
         command, env = prefect_command(port)
-        with serving(command, f"http://127.0.0.1:{port}/api/health", logs / "prefect.log", env):
+        with serving(Server(command, f"http://127.0.0.1:{port}/api/health", logs / "prefect.log", env)):
             runs = re.compile(r"^[1-9][0-9]* (Flow )?runs?$", re.IGNORECASE)  # the list's count, once it has loaded
             screenshot(page, f"http://127.0.0.1:{port}/runs", args.out / "prefect_runs.png", runs)
 
