@@ -329,7 +329,7 @@ def ui(
     from tasks.config import load_params
 
     uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
-    wanted = []  # (name, server, page, what it shows)
+    wanted = []  # (name, port, server, page, what it shows)
     if uri.startswith(("http://", "https://")):
         typer.echo(f"MLflow: {uri} (your tracking server)")
     else:
@@ -337,7 +337,7 @@ def ui(
         command = servers.mlflow_command(uri, mlflow_port)
         what = "runs, metrics, artifacts, registry"
         server = servers.Server(command, f"{url}/health", Path(".cache/ui/mlflow.log"))
-        wanted.append(("MLflow", server, f"{url}/{servers.MLFLOW_VIEW}", what))
+        wanted.append(("MLflow", mlflow_port, server, f"{url}/{servers.MLFLOW_VIEW}", what))
     if os.environ.get("PREFECT_API_URL"):
         typer.echo(f"Prefect: {os.environ['PREFECT_API_URL']} (your Prefect API; its UI serves the flow runs)")
     else:
@@ -346,13 +346,12 @@ def ui(
         what = "flow runs, each stage a subflow of its pipeline run"
         if url != PREFECT_UI:
             what += f'; the runs\' "View at" links say {PREFECT_UI}'
-        wanted.append(
-            ("Prefect", servers.Server(command, f"{url}/api/health", Path(".cache/ui/prefect.log"), env), url, what)
-        )
+        server = servers.Server(command, f"{url}/api/health", Path(".cache/ui/prefect.log"), env)
+        wanted.append(("Prefect", prefect_port, server, url, what))
     if not wanted:
         return
-    for name, server, *_ in wanted:
-        if servers.port_in_use(port := int(server.command[-1])):
+    for name, port, *_ in wanted:
+        if servers.port_in_use(port):
             typer.secho(
                 f"{name}: port {port} is in use (another `didpo ui`?): --{name.lower()}-port N", fg="red", err=True
             )
@@ -360,15 +359,18 @@ def ui(
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     typer.echo("starting the UIs (Prefect's server takes up to a minute on 2 busy cores) ...")
     try:
-        with servers.serving(*(server for _, server, *_ in wanted)) as procs:
-            for name, _, page, what in wanted:
+        with servers.serving(*(server for _, _, server, *_ in wanted)) as procs:
+            for name, _, _, page, what in wanted:
                 typer.echo(f"{name}: {page}  ({what})")
             typer.echo("DVC: `didpo plots` → dvc_plots/index.html (opens from disk); dvc metrics show; dvc exp show")
             typer.echo("Ctrl-C stops the UIs.")
             while all(proc.poll() is None for proc in procs):
                 time.sleep(1.0)
-            (name, server, *_), proc = next((w, p) for w, p in zip(wanted, procs, strict=True) if p.poll() is not None)
-            typer.secho(f"{name}'s server exited ({proc.returncode}); its output: {server.log}", fg="red", err=True)
+            exited = next(i for i, proc in enumerate(procs) if proc.poll() is not None)
+            name, _, server, *_ = wanted[exited]
+            typer.secho(
+                f"{name}'s server exited ({procs[exited].returncode}); its output: {server.log}", fg="red", err=True
+            )
             raise typer.Exit(1)
     except RuntimeError as err:
         typer.secho(str(err), fg="red", err=True)

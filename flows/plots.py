@@ -8,6 +8,7 @@ Vega, Vega-Lite and Vega-Embed libraries) renders them: the page inlines the lib
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -48,7 +49,7 @@ def readable(spec: dict) -> dict:
     - with one revision, each series gets its own colour (DVC colours by revision and tells series apart by dash
       pattern alone: four checkpoints in one colour); a ``dvc plots diff`` of several revisions keeps DVC's encoding.
     """
-    spec = json.loads(json.dumps(spec))
+    spec = copy.deepcopy(spec)
     values = spec.get("data", {}).get("values")
     if values is None:
         return spec

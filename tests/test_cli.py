@@ -48,6 +48,9 @@ def test_ui_refuses_a_taken_port_and_names_a_team_server(monkeypatch, tmp_path):
     team's MLflow server instead of serving it again."""
     import socket
 
+    monkeypatch.chdir(tmp_path)  # where a started server's log would go (.cache/ui/)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / ".prefect"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -55,7 +58,7 @@ def test_ui_refuses_a_taken_port_and_names_a_team_server(monkeypatch, tmp_path):
         result = runner.invoke(app, ["ui", "--mlflow-port", str(port)])
     assert result.exit_code == 1
     assert f"MLflow: port {port} is in use (another `didpo ui`?): --mlflow-port N" in result.output
-    assert not (tmp_path / ".cache").exists()
+    assert not (tmp_path / ".cache/ui").exists()  # nothing was started
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.team.example")
     monkeypatch.setenv("PREFECT_API_URL", "https://prefect.team.example/api")
     result = runner.invoke(app, ["ui"])  # nothing local left to serve
