@@ -415,12 +415,16 @@ class DiDPOConfig:
             step's sampling.
         checkpoint_every: write an exact-resume checkpoint every this many steps (and at the end); 0 = never.
         device: "auto" (CUDA when available, else CPU) or a torch device string.
-        mixed_precision: "auto" = bf16 autocast on CUDA GPUs that support it, none on CPU; "bf16"; "no".
+        mixed_precision: "auto" = bf16 autocast where the device runs bf16 natively (CUDA GPUs that support it,
+            CPUs with AVX512-BF16 or AMX, as SFT); "bf16"; "no" (float32).
         rollout_engine: "torch" (`models.sampling.sample`, the trainer's own weights), "openvino"
             (`models.openvino_engine`, CPU; LoRA only; no sampler log-probs, so the importance weights are 1) or
             "vllm" (`models.vllm_engine`, CUDA, an extra): the trainer's weights are synced into the engine before
             every step's rollouts, the old log-probs are recomputed by the trainer's forward, and the update is
             corrected by truncated importance weights. An engine that cannot run here falls back to torch (said).
+        kl_start_rows: rows of each step's batch on which the logged KL to the start policy is estimated when
+            ``kl_coef`` is 0 (a seeded draw; the start policy's forward then costs k rows instead of the batch);
+            0 = every row. With ``kl_coef`` > 0 every row is scored (the objective needs it).
         is_cap: C of the truncated importance weights min(exp(logπ_trainer − logπ_engine), C) (vllm rollouts;
             TRL's ``vllm_importance_sampling_cap``).
 
@@ -475,6 +479,7 @@ class DiDPOConfig:
     mixed_precision: str = "auto"
     rollout_engine: str = "openvino"
     is_cap: float = 2.0
+    kl_start_rows: int = 4
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -534,6 +539,7 @@ class DiDPOConfig:
             "screen_problems",
             "checkpoint_every",
             "lora_layers",
+            "kl_start_rows",
         )
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -416,12 +416,14 @@ def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: DiDPOCon
 
 
 def build_batch(rollouts: Sequence[Rollout], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Tensors of a flat list of B rollouts: prompts left-padded, completions right-padded.
+    """Tensors of a flat list of B rollouts, each distinct prompt once (a group's answers share their prompt).
 
     Returns:
-        ``input_ids``/``attention_mask`` (B, P + T) (prompt | completion, P the longest prompt, T the longest
-        completion), ``completion_ids`` (B, T), ``completion_mask`` (B, T) float32 (1 on real tokens),
-        ``old_per_token_logps`` (B, T) float32 (the sampler's; 0 on padding).
+        ``prompt_ids``/``prompt_mask`` (U, P) long: the U distinct prompts, left-padded to the longest (P);
+        ``prompt_index`` (B,) long: row b's prompt; ``completion_ids`` (B, T) long, right-padded to the longest
+        completion; ``completion_mask`` (B, T) float32 (1 on real tokens); ``old_per_token_logps`` (B, T)
+        float32 (the sampler's; 0 on padding); ``weights`` (B,) float32, each row's multiplicity (1 here;
+        `merge_duplicates` sums them).
     """
     import torch
 
@@ -429,36 +431,88 @@ def build_batch(rollouts: Sequence[Rollout], pad_token_id: int) -> dict[str, tor
 
     completions = [r.completion for r in rollouts]
     packed = collate_completions(completions, pad_token_id)
-    width = max(len(c.prompt_ids) for c in completions)
-    prompt = torch.full((len(completions), width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(completions), width), dtype=torch.long)
-    for k, c in enumerate(completions):
-        prompt[k, width - len(c.prompt_ids) :] = torch.tensor(c.prompt_ids, dtype=torch.long)
-        prompt_mask[k, width - len(c.prompt_ids) :] = 1
+    distinct: dict[tuple[int, ...], int] = {}
+    index = [distinct.setdefault(tuple(c.prompt_ids), len(distinct)) for c in completions]
+    width = max(len(p) for p in distinct)
+    prompt = torch.full((len(distinct), width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+    for ids, u in distinct.items():
+        prompt[u, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        prompt_mask[u, width - len(ids) :] = 1
     return {
-        "input_ids": torch.cat([prompt, packed["completion_ids"]], dim=1),
-        "attention_mask": torch.cat([prompt_mask, packed["completion_mask"]], dim=1),
+        "prompt_ids": prompt,
+        "prompt_mask": prompt_mask,
+        "prompt_index": torch.tensor(index, dtype=torch.long),
         "completion_ids": packed["completion_ids"],
         "completion_mask": packed["completion_mask"].float(),
         "old_per_token_logps": packed["per_token_logps"],
+        "weights": torch.ones(len(completions), dtype=torch.float32),
     }
+
+
+_PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+
+
+def select_rows(batch: dict[str, torch.Tensor], rows) -> dict[str, torch.Tensor]:
+    """The `build_batch` tensors of rows `rows` (a (b,) long tensor or a list; repeats allowed), keeping only the
+    prompts they use (``prompt_index`` renumbered)."""
+    import torch
+
+    rows = torch.as_tensor(rows, dtype=torch.long, device=batch["completion_ids"].device)
+    out = {k: v[rows] for k, v in batch.items() if k not in _PROMPT_KEYS}
+    used, out["prompt_index"] = torch.unique(out["prompt_index"], return_inverse=True)
+    out.update({k: batch[k][used] for k in _PROMPT_KEYS})
+    return out
+
+
+def merge_duplicates(batch: dict[str, torch.Tensor], keys: Sequence[str] | None = None):
+    """Rows that are equal in every per-row tensor of `keys` (default: all but ``weights``) merged into one whose
+    ``weights`` is the sum of theirs (identical answers to the same prompt are computed once; the losses weigh
+    each row by its multiplicity, which gives the loss and gradient of the rows side by side).
+
+    Returns:
+        ``(merged batch, inverse)``: inverse (B,) long maps each original row to its merged row, so a per-row
+        result r of the merged batch is ``r[inverse]`` for the original rows.
+    """
+    import torch
+
+    keys = [k for k in (keys or batch) if k not in (*_PROMPT_KEYS, "weights")]
+    first: dict[tuple, int] = {}
+    inverse, keep = [], []
+    columns = [batch[k].detach().cpu() for k in keys]
+    for b in range(batch["completion_ids"].shape[0]):
+        key = tuple(c[b].numpy().tobytes() for c in columns)
+        if key not in first:
+            first[key] = len(keep)
+            keep.append(b)
+        inverse.append(first[key])
+    inverse_t = torch.tensor(inverse, dtype=torch.long, device=batch["completion_ids"].device)
+    merged = select_rows(batch, keep)
+    merged["weights"] = torch.zeros(len(keep), dtype=batch["weights"].dtype, device=inverse_t.device).index_add_(
+        0, inverse_t, batch["weights"]
+    )
+    return merged, inverse_t
 
 
 def policy_forward(
     model, batch: dict, value_head=None, autocast=None, backbone_grad: bool = True, temperature: float = 1.0
 ):
-    """One forward pass over prompt + completion: per-token log-probs and logits at temperature T, and (with a head)
-    values.
+    """Per-token log-probs and logits at temperature T of each row's completion, and (with a head) values; each
+    distinct prompt of the batch is run once and its key/value cache shared by the rows that answer it.
 
-    Position ids count real tokens only (left padding does not shift them), as in the sampler. The logits are
-    divided by `temperature` (the sampling T, as TRL's GRPO), so the log-probs are those the sampler recorded and
-    the first PPO ratio is 1 at any T. The value of completion token t is the head applied to the hidden state that
-    predicts it (the state before a_t), detached: the value loss trains the head's own parameters and never moves
-    the policy (DIDPO.md, "Advantage").
+    Two passes of the model: the U prompts (left-padded, position ids counting real tokens only, as in the
+    sampler) with ``use_cache``, then the B completions (but their last token, which predicts nothing that is
+    scored) on the prompts' cache indexed by ``prompt_index`` (gradients flow back through the shared cache into
+    the prompt pass, summed over the answers as in one pass per row; the shared-prefix forward of "Prefix
+    Grouper", Liu et al. 2025). The logit that predicts completion token 0 is the prompt's last; token t ≥ 1 is
+    predicted by completion position t − 1. The logits are divided by `temperature` (the sampling T, as TRL's
+    GRPO), so the log-probs are those the sampler recorded and the first PPO ratio is 1 at any T. The value of
+    completion token t is the head applied to the hidden state that predicts it (the state before a_t), detached:
+    the value loss trains the head's own parameters and never moves the policy (docs/DIDPO.md, "Advantage").
 
     Args:
         model: the causal LM (a peft wrapper or a plain model).
-        batch: `build_batch` tensors on the model's device.
+        batch: `build_batch` tensors (or `select_rows` of them) on the model's device.
         value_head: a `models.value_head.ValueHead`, or None (no values).
         autocast: a context-manager factory (bf16 autocast) or None.
         backbone_grad: False runs the LM without gradients (critic warm-up: only the head learns).
@@ -469,52 +523,79 @@ def policy_forward(
     """
     import torch
 
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    prompt_mask, index = batch["prompt_mask"], batch["prompt_index"]
     completion_ids = batch["completion_ids"]
-    width = completion_ids.shape[1]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = value_head is not None
     grad = contextlib.nullcontext() if backbone_grad else torch.no_grad()
     with grad, autocast() if autocast else contextlib.nullcontext():
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=width + 1,
-            output_hidden_states=value_head is not None,
+        head = model(
+            input_ids=batch["prompt_ids"],
+            attention_mask=prompt_mask,
+            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=hidden,
         )
-    logits = out.logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
+        logits, states = [head.logits[index]], [head.hidden_states[-1][index, -1:]] if hidden else []
+        if completion_ids.shape[1] > 1:
+            cache = head.past_key_values
+            cache.reorder_cache(index)  # (U, ...) -> (B, ...): each row reads its prompt's keys and values
+            inputs = completion_ids[:, :-1]
+            lengths = prompt_mask.sum(-1)[index]  # (B,) real prompt tokens
+            positions = lengths.unsqueeze(1) + torch.arange(inputs.shape[1], device=inputs.device)
+            mask = torch.cat([prompt_mask[index], batch["completion_mask"][:, :-1].to(prompt_mask.dtype)], dim=1)
+            tail = model(
+                input_ids=inputs,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                output_hidden_states=hidden,
+            )
+            logits.append(tail.logits)
+            if hidden:
+                states.append(tail.hidden_states[-1])
+    logits = torch.cat(logits, dim=1).float() / temperature  # (B, T, V): position t predicts completion token t
     picked = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
     per_token_logps = picked - torch.logsumexp(logits, dim=-1)  # (B, T)
-    values = None
-    if value_head is not None:
-        hidden = out.hidden_states[-1][:, -(width + 1) : -1].detach()  # (B, T, H), post final norm
-        values = value_head(hidden)  # (B, T) float32
+    values = value_head(torch.cat(states, dim=1).detach()) if hidden else None  # (B, T), post final norm
     return per_token_logps, logits, values
 
 
-def _no_grad_passes(model, batch, value_head, autocast, chunk: int, reference: Callable, temperature: float):
-    """Without gradients, `chunk` rows at a time: the current policy's log-probs (and values with a head) and the
-    start policy's log-probs (`reference`, a context factory). Returns ``(old_values or None, per_token_logps,
-    ref_per_token_logps)``, each (B, T)."""
+def no_grad_logps(model, batch: dict, value_head, autocast, chunk: int, temperature: float):
+    """`policy_forward` without gradients in eval mode, `chunk` rows at a time, identical rows once
+    (`merge_duplicates` on prompt and completion). Returns ``(values (B, T) or None, per_token_logps (B, T))``."""
     import torch
 
-    values, logps, ref = [], [], []
+    merged, inverse = merge_duplicates(batch, ["prompt_index", "completion_ids"])
+    values, logps = [], []
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, batch["input_ids"].shape[0], chunk):
-                part = {k: v[start : start + chunk] for k, v in batch.items()}
+            for start in range(0, merged["completion_ids"].shape[0], chunk):
+                part = select_rows(merged, list(range(start, min(start + chunk, merged["completion_ids"].shape[0]))))
                 lp, _, v = policy_forward(model, part, value_head, autocast, temperature=temperature)
                 logps.append(lp)
                 if v is not None:
                     values.append(v)
-                with reference() as ref_model:
-                    ref.append(policy_forward(ref_model, part, None, autocast, temperature=temperature)[0])
     finally:
         model.train(was_training)
-    return (torch.cat(values) if values else None), torch.cat(logps), torch.cat(ref)
+    return (torch.cat(values)[inverse] if values else None), torch.cat(logps)[inverse]
+
+
+def kl_sample_rows(n: int, cfg: DiDPOConfig, step: int) -> torch.Tensor:
+    """The rows of a step's batch of `n` on which the start policy's log-probs are computed: every row when the
+    objective needs them (β = ``kl_coef`` > 0) or ``kl_start_rows`` is 0 or ≥ n; else ``kl_start_rows`` rows drawn
+    without replacement from a generator seeded by (seed, step), in increasing order: the logged ``kl_start`` is
+    then the k3 estimate on that subsample (its only reader). Returns a (k,) long tensor (CPU)."""
+    import torch
+
+    k = cfg.kl_start_rows
+    if cfg.kl_coef or k == 0 or k >= n:
+        return torch.arange(n)
+    generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 3) + step)
+    return torch.randperm(n, generator=generator)[:k].sort().values
 
 
 # ------------------------------------------------------------------------------------------------ advantages
@@ -656,6 +737,7 @@ def ppo_losses(
     cfg: DiDPOConfig,
     policy: bool = True,
     scale: tuple[float, float] | None = None,
+    share: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The total loss of one minibatch, L = L_PG + c_vf·L_VF − c_ent·H [+ β·KL] (DIDPO.md, "Loss"); rft: the NLL.
 
@@ -677,20 +759,33 @@ def ppo_losses(
             its aggregation (token means by the first; grpo's per-sequence means by the second), so that the sum
             over processes of the scaled losses (and stats) is the loss (and stats) of the whole minibatch. None
             (one process) = (1, 1).
+        share: ``(token_share, sequence_share)`` of the minibatch that these rows are, when rows whose every
+            advantage is 0 were left out of the forward (`ppo_update`): their per-token loss is exactly 0, so the
+            loss of the whole minibatch is the kept rows' scaled by their share of its (weighted) tokens and
+            sequences. Multiplies the loss only; the stats stay means over the rows given.
+
+    Each row counts ``minibatch["weights"]`` times (its multiplicity after `merge_duplicates`; 1 when absent):
+    token means are taken over ``completion_mask × weight``, grpo's per-sequence means averaged with the weights.
 
     Returns:
         ``(loss, stats)``: stats ``pg_loss``, ``entropy``, ``approx_kl``, ``clip_frac/low``, ``clip_frac/high``,
         ``ratio_mean``, ``kl_ref`` (critic-free, β > 0), ``vf_loss``, ``vf_clip_frac`` (with a critic), as floats;
         rft: ``pg_loss`` (the NLL) and ``entropy``.
     """
+    import torch
+
     from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
 
+    weights = minibatch.get("weights")
     mask = minibatch["completion_mask"]
+    if weights is not None:
+        mask = mask * weights.unsqueeze(1)  # token means over multiplicity-weighted tokens
     if cfg.algo == "rft":
-        return _rft_loss(per_token_logps, logits, mask, scale)
+        return _rft_loss(per_token_logps, logits, mask, scale, share[0])
     loss_type = "grpo" if cfg.algo == "grpo" else "dapo"
     token_w, sequence_w = scale if scale is not None else (1.0, 1.0)
     agg_w = sequence_w if loss_type == "grpo" else token_w  # the policy loss's (and grpo/dapo KL's) aggregation
+    loss_share = share[1] if loss_type == "grpo" else share[0]
     stats: dict[str, float] = {}
     loss = per_token_logps.new_zeros(())
     if policy:
@@ -698,54 +793,59 @@ def ppo_losses(
             per_token_logps,
             minibatch["old_per_token_logps"],
             minibatch["advantages"],
-            mask,
+            minibatch["completion_mask"],
             cfg.eps_low,
             cfg.clip_high,
             loss_type,
             minibatch.get("is_weights"),
+            weights,
         )
         if scale is not None:
             pg_loss = agg_w * pg_loss
             pg_stats = {k: token_w * v for k, v in pg_stats.items()}  # token means whatever the loss type
-        loss = loss + pg_loss
         stats["pg_loss"] = pg_loss.item()
+        pg_loss = loss_share * pg_loss
+        loss = loss + pg_loss
         stats.update(pg_stats)
         entropy = entropy_from_logits(logits, mask)
         if scale is not None:
             entropy = token_w * entropy
         stats["entropy"] = entropy.item()
         if cfg.ent_coef:
-            loss = loss - cfg.ent_coef * entropy
+            loss = loss - cfg.ent_coef * share[0] * entropy
         if cfg.kl_coef and not cfg.uses_critic:
             per_token_kl = kl_k3(per_token_logps, minibatch["ref_per_token_logps"]) * mask  # (B, T)
             if loss_type == "grpo":
-                kl = (per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+                per_sequence = per_token_kl.sum(-1) / mask.sum(-1).clamp(min=1e-12)  # weights cancel
+                w = weights if weights is not None else torch.ones_like(per_sequence)
+                kl = (per_sequence * w).sum() / w.sum().clamp(min=1e-12)
             else:
                 kl = masked_mean(per_token_kl, mask)
             if scale is not None:
                 kl = agg_w * kl
-            loss = loss + cfg.kl_coef * kl
+            loss = loss + cfg.kl_coef * loss_share * kl
             stats["kl_ref"] = kl.item()
     if values is not None:
         clip = cfg.vf_clip or None
         vf_loss, vf_stats = value_loss(values, minibatch["old_values"], minibatch["returns"], mask, clip)
         if scale is not None:
             vf_loss, vf_stats = token_w * vf_loss, {"vf_clip_frac": token_w * vf_stats["vf_clip_frac"]}
-        loss = loss + cfg.vf_coef * vf_loss
+        loss = loss + cfg.vf_coef * share[0] * vf_loss
         stats["vf_loss"] = vf_loss.item()
         stats["vf_clip_frac"] = vf_stats["vf_clip_frac"]
     return loss, stats
 
 
-def _rft_loss(per_token_logps, logits, mask, scale):
+def _rft_loss(per_token_logps, logits, mask, scale, token_share: float = 1.0):
     """rft's loss: the token-level negative log-likelihood of the kept (passing) completions, as SFT (RAFT, Dong et
-    al. 2023; ReST-style rejection-sampling fine-tuning), scaled like the token means of `ppo_losses`."""
+    al. 2023; ReST-style rejection-sampling fine-tuning), scaled like the token means of `ppo_losses`; `mask` is
+    weighted by the rows' multiplicities."""
     from models.rl_losses import entropy_from_logits, masked_mean
 
     token_w = scale[0] if scale is not None else 1.0
     loss = -token_w * masked_mean(per_token_logps, mask)
     entropy = token_w * entropy_from_logits(logits, mask)
-    return loss, {"pg_loss": loss.item(), "entropy": entropy.item()}
+    return token_share * loss, {"pg_loss": loss.item(), "entropy": entropy.item()}
 
 
 def ppo_update(
@@ -792,26 +892,24 @@ def ppo_update(
 
     from models.distributed import clip_grad_norm
 
-    n = batch["input_ids"].shape[0]
+    n = batch["completion_ids"].shape[0]
     world = dp.world_size if dp is not None else 1
     global_size = cfg.minibatch_size * world
     sums: dict[str, float] = {}
-    updates, stop = 0, False
+    updates, stop, dropped = 0, False, 0.0
     was_training = model.training
     model.train()
     try:
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, global_size):
-                index = order[start : start + global_size].to(batch["input_ids"].device)
+                index = order[start : start + global_size].to(batch["completion_ids"].device)
                 optimizer.zero_grad(set_to_none=True)
                 if world == 1:
-                    minibatch = {k: v[index] for k, v in batch.items()}
-                    logps, logits, values = policy_forward(
-                        model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
+                    stats = _minibatch_backward(
+                        model, value_head, params, select_rows(batch, index), cfg, autocast, policy
                     )
-                    loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy)
-                    loss.backward()
+                    dropped += stats.pop("rows_dropped")
                 else:
                     stats = _data_parallel_backward(trainer, value_head, batch, index, cfg, autocast, policy, dp)
                 stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm or math.inf)
@@ -827,7 +925,41 @@ def ppo_update(
     finally:
         optimizer.zero_grad(set_to_none=True)
         model.train(was_training)
-    return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates)}
+    return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates), "rows_zero_advantage": dropped}
+
+
+def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOConfig, autocast, policy: bool):
+    """Forward and backward of one minibatch (one process), computing only what changes the loss: identical rows
+    once with their multiplicity (`merge_duplicates`), and, when the loss is the clipped surrogate alone
+    (critic-free grpo/dapo/didpo, β = 0, no entropy bonus), without the rows whose every advantage is 0 (a group
+    whose rewards are all equal): their per-token loss is exactly 0, so the kept rows' loss scaled by their
+    share of the minibatch's tokens (sequences for grpo) is the minibatch's loss, and the gradient is the same.
+    When no row is left, the gradient is exactly 0 (set as zeros, so that AdamW steps as it would on it) and the
+    stats are ``pg_loss`` 0 alone. Returns `ppo_losses`'s stats (means over the rows computed) and
+    ``rows_dropped`` (the zero-advantage rows, with multiplicity)."""
+    import torch
+
+    minibatch, _ = merge_duplicates(minibatch)
+    share, dropped = (1.0, 1.0), 0.0
+    droppable = policy and cfg.algo != "rft" and not cfg.uses_critic and not cfg.kl_coef and not cfg.ent_coef
+    if droppable:
+        weights, mask = minibatch["weights"], minibatch["completion_mask"]
+        live = (minibatch["advantages"] * mask).abs().sum(-1) > 0  # (B,)
+        if not bool(live.all()):
+            tokens = mask.sum(-1) * weights
+            share = (float(tokens[live].sum() / tokens.sum()), float(weights[live].sum() / weights.sum()))
+            dropped = float(weights[~live].sum())
+            if not bool(live.any()):
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+                return {"pg_loss": 0.0, "rows_dropped": dropped}  # the loss is exactly 0
+            minibatch = select_rows(minibatch, live.nonzero().squeeze(1))
+    logps, logits, values = policy_forward(
+        model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
+    )
+    loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, share=share)
+    loss.backward()
+    return {**stats, "rows_dropped": dropped}
 
 
 def policy_and_value(model, value_head):
@@ -860,9 +992,10 @@ def _data_parallel_backward(trainer, value_head, batch, index, cfg: DiDPOConfig,
     empty = len(mine) == 0
     if empty:
         mine = index[:1]
-    minibatch = {k: v[mine] for k, v in batch.items()}
-    share_tokens = float(minibatch["completion_mask"].sum() / batch["completion_mask"][index].sum().clamp(min=1.0))
-    scale = (share_tokens, len(mine) / len(index))
+    minibatch = select_rows(batch, mine)
+    tokens = batch["completion_mask"].sum(-1) * batch["weights"]  # (B,) multiplicity-weighted
+    share_tokens = float(tokens[mine].sum() / tokens[index].sum().clamp(min=1.0))
+    scale = (share_tokens, float(batch["weights"][mine].sum() / batch["weights"][index].sum()))
     logps, logits, values = trainer(minibatch, autocast, policy, cfg.temperature)
     loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, scale)
     (loss * (0.0 if empty else dp.loss_scale)).backward()
@@ -1103,7 +1236,7 @@ def train_didpo(
     check_rollout_fits(model, tokenizer, problems, cfg, device)
     if dp.world_size > 1:
         verifier = _ShardedVerifier(verifier, dp)
-    autocast = autocast_factory(cfg.mixed_precision, device)
+    autocast = autocast_factory(cfg.mixed_precision, device, auto_on_cpu=True)
 
     initial_weights = weights_digest(model)  # before LoRA: the starting policy itself
     set_seed(cfg.seed)
@@ -1261,33 +1394,47 @@ def train_didpo(
             batch = build_batch(rollouts, pad_id)
             batch = {k: v.to(device) for k, v in batch.items()}
             mask = batch["completion_mask"]
+            n = mask.shape[0]
+            chunk = cfg.minibatch_size * dp.world_size
+            # only the passes whose results something reads: the current policy's log-probs (the ratio's old
+            # side, the critic's values) for every row but in rft, the start policy's where the loss or the
+            # rewards need β·KL, else on `kl_start_rows` rows for the logged KL to start
+            kl_rows = kl_sample_rows(n, cfg, step).to(device)
+            old_rows = kl_rows if cfg.algo == "rft" else torch.arange(n, device=device)
             with dp.full_params(trainer):
-                old_values, logps, ref_logps = _no_grad_passes(
-                    model,
-                    batch,
-                    value_head,
-                    autocast,
-                    cfg.minibatch_size * dp.world_size,
-                    start_policy,
-                    cfg.temperature,
+                old_values, logps = no_grad_logps(
+                    model, select_rows(batch, old_rows), value_head, autocast, chunk, cfg.temperature
                 )
-            # drift and health, on the step's own samples before its update (DIDPO.md, "Loss": always logged)
-            metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps, ref_logps), mask))
-            known = mask * torch.isfinite(batch["old_per_token_logps"])  # an engine may not report log-probs (NaN)
+                with start_policy() as start_model:
+                    ref_logps = no_grad_logps(
+                        start_model, select_rows(batch, kl_rows), None, autocast, chunk, cfg.temperature
+                    )[1]
+            # drift and health, on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged)
+            position = torch.full((n,), -1, dtype=torch.long, device=device)
+            position[old_rows] = torch.arange(len(old_rows), device=device)
+            metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps[position[kl_rows]], ref_logps), mask[kl_rows]))
+            metrics["didpo/kl_start_rows"] = float(len(kl_rows))
+            metrics["didpo/duplicate_rows"] = float(
+                n - len(merge_duplicates(batch, ["prompt_index", "completion_ids"])[1].unique())
+            )
+            sampler_logps, old_mask = batch["old_per_token_logps"][old_rows], mask[old_rows]
+            known = old_mask * torch.isfinite(sampler_logps)  # an engine may not report log-probs (NaN)
             if known.sum() > 0:
-                gap = (logps - batch["old_per_token_logps"]).abs().nan_to_num(0.0)
+                gap = (logps - sampler_logps).abs().nan_to_num(0.0)
                 metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
-            totals = [r.completion.sequence_logp for r in rollouts]
+            scored = [rollouts[int(i)] for i in old_rows]
+            totals = [r.completion.sequence_logp for r in scored]
             if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
-                ours = (logps * mask).sum(-1)
+                ours = (logps * old_mask).sum(-1)
                 per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
-                             for a, b, r in zip(ours, totals, rollouts, strict=True)]  # fmt: skip
+                             for a, b, r in zip(ours, totals, scored, strict=True)]  # fmt: skip
                 metrics["didpo/seq_logprob_diff"] = _mean(per_token)
             if engine is not None:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
-                is_weights, capped = truncated_is_weights(logps, batch["old_per_token_logps"], cfg.is_cap)
-                batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
-                metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, mask))
-                metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), mask))
+                is_weights, capped = truncated_is_weights(logps, sampler_logps, cfg.is_cap)
+                if cfg.algo != "rft":  # rft's loss reads neither
+                    batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
+                metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, old_mask))
+                metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), old_mask))
             if cfg.uses_critic:
                 rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
                 if cfg.kl_coef:
@@ -1307,8 +1454,8 @@ def train_didpo(
                     batch["advantages"] = mask.clone()  # unused by the loss: every kept token weighs 1
                 else:
                     batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
-                if cfg.kl_coef:
-                    batch["ref_per_token_logps"] = ref_logps
+                if cfg.kl_coef and cfg.algo != "rft":
+                    batch["ref_per_token_logps"] = ref_logps  # every row (`kl_sample_rows`)
             warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
             stats = ppo_update(
                 model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, not warmup, dp, trainer

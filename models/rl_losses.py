@@ -119,6 +119,7 @@ def grpo_loss(
     eps_high: float = 0.28,
     loss_type: str = "dapo",
     is_weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO/DAPO policy loss as TRL's ``GRPOTrainer._compute_loss`` (β = 0, one process, no gradient
     accumulation): the clipped per-token loss of `ppo_policy_loss`, aggregated by `loss_type`:
@@ -126,7 +127,9 @@ def grpo_loss(
     - "dapo": token-level, Σ over all valid tokens / number of valid tokens (DAPO §3.3);
     - "grpo": each sequence's token mean, then the mean over sequences (DeepSeekMath eq. 3).
 
-    Args: as `ppo_policy_loss` (``is_weights`` included); advantages (B,) (or (B, T)).
+    Args: as `ppo_policy_loss` (``is_weights`` included); advantages (B,) (or (B, T)); weights: (B,) each
+        row's multiplicity (identical rows merged into one), or None (1 each): the loss and stats equal those of
+        the batch with each row repeated `weights` times.
 
     Returns:
         ``(loss, stats)`` with the stats of `ppo_policy_loss`.
@@ -136,18 +139,22 @@ def grpo_loss(
     """
     if loss_type not in _LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {_LOSS_TYPES}, got {loss_type!r}")
+    mask = completion_mask.to(per_token_logps.dtype)
+    weighted = mask if weights is None else mask * weights.to(mask.dtype).unsqueeze(1)
     loss, stats = ppo_policy_loss(
-        per_token_logps, old_per_token_logps, advantages, completion_mask, eps_low, eps_high, is_weights
+        per_token_logps, old_per_token_logps, advantages, weighted, eps_low, eps_high, is_weights
     )
     if loss_type == "dapo":
         return loss, stats
-    mask = completion_mask.to(per_token_logps.dtype)
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     per_token_loss, _, _ = _clipped_surrogate(per_token_logps, old_per_token_logps, adv, eps_low, eps_high)
     if is_weights is not None:
         per_token_loss = per_token_loss * is_weights.detach()
     per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
-    return per_sequence.mean(), stats
+    if weights is None:
+        return per_sequence.mean(), stats
+    w = weights.to(per_sequence.dtype)
+    return (per_sequence * w).sum() / w.sum(), stats
 
 
 def value_loss(

@@ -34,6 +34,7 @@ from models.didpo import (
     reference_control,
     rollout_kv_cache_bytes,
     sampling_seed,
+    select_rows,
     token_reward_matrix,
     train_didpo,
 )
@@ -65,6 +66,9 @@ BASE = dict(
     # dapo's overlong penalty (params.yaml: 320 → 384 tokens) off: 12-token answers
     reward=ProcessRewardConfig(overlong_max=0, overlong_cache=0),
     rollout_engine="torch",  # the loop's own sampler (tests/test_rollout_engine.py passes engines in)
+    # float32: these tests hold the sampler and the trainer to float noise (bf16 autocast, the default where the
+    # CPU runs it natively, is held to its own tolerance in tests/test_rl_update_paths.py)
+    mixed_precision="no",
 )
 
 
@@ -151,7 +155,8 @@ def test_policy_forward_reproduces_the_samplers_log_probs_and_zero_values():
     model, tok = build_tiny_causal_lm(0)
     batch = sampled_batch(model, tok, temperature=0.7)
     mask = batch["completion_mask"]
-    assert mask.sum(-1).min() >= 1 and batch["input_ids"].shape[1] == batch["attention_mask"].shape[1]
+    assert mask.sum(-1).min() >= 1 and batch["prompt_ids"].shape == batch["prompt_mask"].shape
+    assert batch["prompt_ids"].shape[0] == 1 and batch["prompt_index"].tolist() == [0, 0, 0]  # one prompt, shared
     head = ValueHead(model.config.hidden_size)
     with torch.no_grad():
         logps, logits, values = policy_forward(model, batch, head, temperature=0.7)
@@ -164,10 +169,12 @@ def test_policy_forward_reproduces_the_samplers_log_probs_and_zero_values():
     # the values are the head applied to the hidden state that predicts each completion token
     torch.nn.init.normal_(head.summary.weight)
     with torch.no_grad():
-        hidden = model(input_ids=batch["input_ids"][:1], output_hidden_states=True).hidden_states[-1]
-        _, _, values = policy_forward(model, {k: v[:1] for k, v in batch.items()}, head)
-    width = mask.shape[1]
-    torch.testing.assert_close(values[0], head(hidden[0, -(width + 1) : -1]))
+        row = select_rows(batch, [0])
+        length = int(row["completion_mask"].sum())
+        ids = torch.cat([row["prompt_ids"][0], row["completion_ids"][0, :length]]).unsqueeze(0)
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+        _, _, values = policy_forward(model, row, head)
+    torch.testing.assert_close(values[0, :length], head(hidden[0, -(length + 1) : -1]))
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
@@ -176,7 +183,7 @@ def test_ppo_update_moves_the_log_prob_of_a_token_with_the_sign_of_its_advantage
     from models.lora import apply_lora
 
     model, tok = build_tiny_causal_lm(0)
-    batch = {k: v[:1] for k, v in sampled_batch(model, tok, n=1).items()}
+    batch = select_rows(sampled_batch(model, tok, n=1), [0])
     torch.manual_seed(0)
     model = apply_lora(model, 4, 8.0, 0.0)
     t = int(batch["completion_mask"].sum()) // 2
@@ -598,6 +605,7 @@ def test_one_loop_four_algos(tmp_path, verifier):
     for result in (grpo, didpo):
         assert result.history[0]["didpo/frac_zero_std_groups"] == 1.0
         assert result.history[0]["didpo/pg_loss"] == 0.0  # zero advantages everywhere
+        assert result.history[0]["didpo/rows_zero_advantage"] == 8.0  # so no row went through the forward
         assert result.history[0]["didpo/kl_start"] == 0.0  # measured before the step's update
     assert not any(k.startswith("didpo/vf_") for k in didpo.history[0])
 
