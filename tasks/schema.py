@@ -1,4 +1,4 @@
-"""The fields of each dataset, in one place (data/README.md documents them; ../shared/DESIGN.md names them)."""
+"""The fields of each dataset, in one place (data/README.md documents them; docs/DESIGN.md, "Data", names them)."""
 
 PROBLEM_FIELDS = (
     "task_id",
