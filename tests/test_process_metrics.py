@@ -270,3 +270,34 @@ def test_real_continuer_heals_the_prefix_newline(monkeypatch):
     assert seen == ["PROMPT:def f(x):", "PROMPT:def f(x):"]
     assert out[0] == ["    y = x + 1\n    return y\n", "    # same line\n"]  # healed: the leading newline is dropped
     assert out[1] == ["\n    y = x + 1\n    return y\n", "    # same line\n"]  # no trailing newline: as sampled
+
+
+def rewrite_after_mistake(requests, n, one_line):
+    """A positive control for error recovery: a model that, after any prefix, closes the open block and writes the
+    whole reference function again (the later definition replaces the damaged one), so it recovers from every
+    corruption. A metric that stays 0 for this model could not measure recovery at all."""
+    out = []
+    for problem, prefix in requests:
+        last = prefix.rstrip("\n").splitlines()[-1]
+        indent = len(last) - len(last.lstrip())
+        close = " " * (indent + 4) + "pass\n" if last.rstrip().endswith(":") else ""
+        out.append([close + pm.reference_code(problem)] * n)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_error_recovery_reaches_one_for_a_model_that_rewrites_the_damaged_code(seed):
+    """Positive control: on the hand problem and on 12 bundled generated problems, with every effective corruption
+    the seed picks, the rewriting model passes from the corrupted prefix as often as from the clean one (recovery
+    1.0), while the model that only continues (`reference_remainder`) recovers at most by accident (< 0.2: a dropped
+    line shifts its remainder by one line, which now and then writes the missing line back) on the same prefixes:
+    the metric spans its range, and the 0.000 measured for every checkpoint says the models never rewrite the code
+    a mistake damaged."""
+    from tasks.generate import generate_problems
+
+    problems = [PROBLEM, *generate_problems(12, seed)]
+    fixed = pm.error_recovery(problems, rewrite_after_mistake, run_tests, n_prefixes=3, n_samples=2, seed=seed)
+    stuck = pm.error_recovery(problems, reference_remainder, run_tests, n_prefixes=3, n_samples=2, seed=seed)
+    assert fixed.n_prefixes == stuck.n_prefixes >= 10
+    assert (fixed.clean_pass_rate, fixed.corrupted_pass_rate, fixed.recovery) == (1.0, 1.0, 1.0)
+    assert stuck.clean_pass_rate == 1.0 and stuck.corrupted_pass_rate < 0.2 and stuck.recovery < fixed.recovery
