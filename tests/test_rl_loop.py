@@ -785,6 +785,42 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
         )
 
 
+class CountingVerifier(IndexVerifier):
+    """`IndexVerifier` that counts the programs it checks."""
+
+    def __init__(self, constant: frozenset[str] = frozenset()):
+        super().__init__(constant)
+        self.checked = 0
+
+    def check_many(self, jobs, progress=False):
+        self.checked += len(jobs)
+        return super().check_many(jobs, progress)
+
+
+def test_a_second_arm_from_the_same_start_reads_the_screen_from_the_cache(tmp_path):
+    """grpo screens 6 problems × 4 answers (24 programs) and writes the screen to the cache; a dapo arm from the
+    same start weights and problems, with another learning rate, finds it: it checks only its own step's 8 rollouts
+    (1 step × 2 prompts × 4) and trains on the same pool. Another seed or other start weights screen again."""
+    cache = tmp_path / "pool_cache"
+    runs = {}
+    for name, overrides, seed in (("grpo", {}, 0), ("dapo", {"learning_rate": 5e-3}, 0), ("seed1", {}, 1)):
+        algo = "dapo" if name == "dapo" else "grpo"
+        cfg = DiDPOConfig(**dict(BASE, algo=algo, steps=1, max_refill=0, seed=seed, **overrides))
+        model, tok = build_tiny_causal_lm(0)
+        verifier = CountingVerifier(frozenset({"clean_0"}))
+        result = train_didpo(model, tok, PROBLEMS, cfg, verifier, tmp_path / name, pool_cache=cache)
+        runs[name] = (result, verifier.checked)
+    (first, first_checked), (second, second_checked), (other, other_checked) = runs.values()
+    assert (first.pool_from_cache, second.pool_from_cache, other.pool_from_cache) == (False, True, False)
+    assert first_checked == 24 + 8 and second_checked == 8 and other_checked == 24 + 8
+    assert second.pool.entries == first.pool.entries and len(list(cache.glob("*.json"))) == 2
+    # other start weights: another key
+    model, tok = build_tiny_causal_lm(1)
+    moved = train_didpo(model, tok, PROBLEMS, DiDPOConfig(**dict(BASE, algo="grpo", steps=1)), IndexVerifier(),
+                        tmp_path / "moved", pool_cache=cache)  # fmt: skip
+    assert not moved.pool_from_cache and len(list(cache.glob("*.json"))) == 3
+
+
 def test_rft_fine_tunes_on_the_passing_rollouts_only(tmp_path):
     cfg = DiDPOConfig(**dict(BASE, algo="rft", steps=2))
     model, tok = build_tiny_causal_lm(0)
