@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large screenshots
+.PHONY: git-identity browser setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large screenshots
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,8 +46,14 @@ git-identity:
 	@git config user.email >/dev/null || git config user.email "didpo@localhost"
 	@git config user.name >/dev/null || git config user.name "didpo-pipeline"
 
+# Chromium for the tests that open a page headless (`didpo rollouts`): Debian's package, installed when running as
+# root and missing (CI); elsewhere those tests skip, saying so.
+browser:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
+
 setup: $(VENV)/.installed $(EXPORT_ENV)/.installed git-identity
-setup-dev: $(VENV)/.dev-installed $(EXPORT_ENV)/.installed git-identity
+setup-dev: $(VENV)/.dev-installed $(EXPORT_ENV)/.installed git-identity browser
 
 run: setup
 	$(BIN)/didpo run
