@@ -425,6 +425,8 @@ class DiDPOConfig:
         kl_start_rows: rows of each step's batch on which the logged KL to the start policy is estimated when
             ``kl_coef`` is 0 (a seeded draw; the start policy's forward then costs k rows instead of the batch);
             0 = every row. With ``kl_coef`` > 0 every row is scored (the objective needs it).
+        keep_steps: steps after which the policy is also kept as it is (``<out>/points/step_NNNN/``: the LoRA
+            adapter, or the whole model), for a budget curve from one run; each in 1 .. ``steps``.
         is_cap: C of the truncated importance weights min(exp(logπ_trainer − logπ_engine), C) (vllm rollouts;
             TRL's ``vllm_importance_sampling_cap``).
 
@@ -480,6 +482,7 @@ class DiDPOConfig:
     rollout_engine: str = "openvino"
     is_cap: float = 2.0
     kl_start_rows: int = 4
+    keep_steps: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -517,6 +520,10 @@ class DiDPOConfig:
                 "didpo.rollout_engine openvino loads LoRA-merged projections into the engine: it needs didpo.lora "
                 "true (full fine-tuning: rollout_engine torch)"
             )
+        object.__setattr__(self, "keep_steps", tuple(int(s) for s in self.keep_steps))
+        outside = [s for s in self.keep_steps if not 1 <= s <= self.steps]
+        if outside:
+            raise ValueError(f"didpo.keep_steps must lie in 1 .. didpo.steps ({self.steps}), got {outside}")
         if self.is_cap < 1:
             raise ValueError(f"didpo.is_cap must be >= 1 (a cap below 1 shrinks on-policy tokens), got {self.is_cap}")
         if self.group_size < 2 and not (self.algo == "rft" or self.uses_critic):

@@ -1583,6 +1583,8 @@ def train_didpo(
             emit(metrics, step)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             write_checkpoint()
+        if step in cfg.keep_steps:  # a budget point: the policy as it is after this step's update
+            keep_point(dp.exportable(model, export_copy), tokenizer, out_dir, step, dp.is_main)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['didpo/reward/outcome']:.3f}", pass_rate=f"{metrics['didpo/pass_rate']:.2f}")
     bar.close()
@@ -1608,6 +1610,20 @@ def train_didpo(
         pool_path=pool_path if pool is not None else None,
         pool_from_cache=pool_from_cache,
     )
+
+
+def keep_point(model, tokenizer, out_dir: Path, step: int, write: bool) -> Path:
+    """Write the policy after `step` to ``out_dir/points/step_<step:04d>/`` (atomically): the LoRA adapter (peft's
+    ``save_pretrained``; merge it onto the start checkpoint to evaluate) or, in full fine-tuning, the whole model,
+    with the tokenizer. Only where `write` (rank 0). Returns the folder."""
+    from models.checkpoint import atomic_directory
+
+    point = Path(out_dir) / "points" / f"step_{step:04d}"
+    if write:
+        with atomic_directory(point) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    return point
 
 
 def _whole_value_head(value_head, hidden_size: int):

@@ -883,3 +883,21 @@ def test_the_stage_task_checks_the_budget_then_writes_the_pool(tmp_path, monkeyp
     written = json.loads(pool.read_text())
     assert written["pool_size"] == metrics["pool/pool_size"] == 2 and len(written["entries"]) == 2
     assert metrics["pool/screened"] == 2 and len(history) == 1 and rollouts.is_file()
+
+
+def test_keep_steps_keeps_the_policy_at_each_budget_point(tmp_path):
+    """keep_steps (1, 3) of a 3-step run: points/step_0001 and step_0003 hold adapters; the last equals the exported
+    adapter, the first differs from it (the policy moved in between); a step outside 1 .. steps is refused."""
+    from safetensors.torch import load_file
+
+    cfg = DiDPOConfig(**dict(BASE, algo="grpo", steps=3, keep_steps=[1, 3]))
+    model, tok = build_tiny_causal_lm(0)
+    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    points = sorted(p.name for p in (tmp_path / "points").iterdir())
+    assert points == ["step_0001", "step_0003"]
+    final = load_file(result.adapter_path / "adapter_model.safetensors")
+    first, last = (load_file(tmp_path / "points" / p / "adapter_model.safetensors") for p in points)
+    assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
+    assert any(not torch.equal(first[k], last[k]) for k in final)
+    with pytest.raises(ValueError, match=r"didpo.keep_steps must lie in 1 .. didpo.steps \(3\), got \[4\]"):
+        DiDPOConfig(**dict(BASE, steps=3, keep_steps=[4]))
