@@ -1,4 +1,9 @@
-"""The ``didpo`` command line (typer): run the pipeline, one stage, the nightly deployment, or find the UIs."""
+"""didpo: run the pipeline, one stage or the nightly deployment; browse the runs (ui) and the plots (plots).
+
+Help is plain text (typer without rich markup, so a flag shows no type after it); every readable failure (bad params,
+missing input files, unknown stage names or revisions, a stage that stops for a reason it explains) is one error
+line and an exit status, without a traceback.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,73 @@ import typer
 
 from flows.env import PREFECT_UI, setup_environment
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+# rich_markup_mode None: click's plain-text help (typer's rich panels print a type, "<bool>", after every flag)
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"didpo {version('didpo-pipeline')}")
+        except PackageNotFoundError:  # run from a copy of the sources that was not installed
+            typer.echo("didpo (not installed: pip install -e .)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """didpo: run the pipeline, one stage or the nightly deployment; browse the runs (ui) and the plots (plots)."""
+
+
+def stage_names(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    """The stage names of dvc.yaml (in the working directory, the project root), in file order, for help texts and
+    messages; [] where there is none. (`flows.pipeline.stage_order` asks DVC for the order it runs them in.)"""
+    import yaml
+
+    try:
+        return [str(name) for name in (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})]
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return []
+
+
+STAGES_HELP = ", ".join(stage_names()) or "the stages of dvc.yaml (run from the project root)"
+
+
+def _stage_order() -> list[str]:
+    """`flows.pipeline.stage_order`; DVC's own error (not a DVC project here, a dvc.yaml that does not parse or
+    names a params key params.yaml lacks) is printed as one line and exits 2."""
+    from dvc.exceptions import DvcException
+
+    from flows.pipeline import stage_order
+
+    try:
+        return stage_order()
+    except DvcException as exc:
+        typer.secho(f"dvc.yaml: {exc} (run didpo from the project root)", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_inputs(params_path: Path, stages: list[str]):
+    """params.yaml loaded and the files it names for `stages` checked (`tasks.inputs.check_inputs`), before anything
+    starts; a problem is printed (one line each, naming the key and the path) and exits 2."""
+    from flows.paths import SIMULATED_LOGS
+    from tasks.config import ConfigError, InputError, load_params
+    from tasks.inputs import check_inputs
+
+    produced = {str(SIMULATED_LOGS): "simulate_logs"}  # the default feedback logs: an earlier stage writes them
+    try:
+        params = load_params(params_path)
+        check_inputs(params, stages, produced, source=str(params_path))
+    except (ConfigError, InputError) as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    return params
 
 
 def run_stage_flow(name: str, params: str):
@@ -31,7 +102,8 @@ def run_stage_flow(name: str, params: str):
     """
     from flows.pipeline import PARENT_TASK_RUN_ENV
 
-    stage_flow = importlib.import_module(f"flows.{name}").run
+    stage_flow = importlib.import_module(f"flows.{name}").run.with_options()  # a copy, its fn wrapped below
+    stage_flow.fn = failing_readably(stage_flow.fn, readable_failures())
     parameters = {"params_path": params}
     parent = os.environ.get(PARENT_TASK_RUN_ENV)
     if not parent:
@@ -44,6 +116,33 @@ def run_stage_flow(name: str, params: str):
     with get_client(sync_client=True) as client:
         flow_run = client.create_flow_run(stage_flow, parameters=parameters, parent_task_run_id=UUID(parent))
     return run_flow(stage_flow, flow_run=flow_run, parameters=parameters)
+
+
+def readable_failures() -> tuple[type[BaseException], ...]:
+    """The exceptions whose message says all there is to say (what failed, why, which key or stage to change):
+    printed as one error by `stage`, never with a traceback."""
+    from tasks.config import ConfigError, InputError
+    from tasks.gate import GateFailed
+    from tasks.validate import ValidationFailed
+
+    return (ConfigError, InputError, ValidationFailed, GateFailed, FileNotFoundError)
+
+
+def failing_readably(fn, readable: tuple[type[BaseException], ...]):
+    """`fn` (a stage flow's function) returning a Failed state, instead of raising, for a `readable` exception: the
+    flow run ends Failed with the message's first line, Prefect logs no traceback and no second copy of the message,
+    and the caller of the flow still gets the exception itself (the state's data), which `stage` prints once."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except readable as exc:
+            from prefect.states import Failed
+
+            return Failed(message=str(exc).splitlines()[0] if str(exc) else type(exc).__name__, data=exc)
+
+    return wrapper
 
 
 LAUNCHED_STAGES = ("sft", "dpo", "didpo")  # the training stages: data parallel under ``launch.num_processes`` > 1
@@ -130,40 +229,31 @@ def _drain_prefect_clients(timeout_s: float = 10.0) -> None:
         worker.drain_all(timeout=timeout_s)
 
 
-@app.command()
+@app.command(short_help="Run the whole pipeline, or --stages of it.")
 def run(
-    stages: str = typer.Option("", help="Comma-separated stage names to run (default: the whole dvc.yaml graph)."),
+    stages: str = typer.Option(
+        "", help=f"Comma-separated stages to run (default: all of dvc.yaml's graph): {STAGES_HELP}."
+    ),
     push: bool = typer.Option(True, help="dvc push the outputs to the default remote at the end."),
-    params: Path = typer.Option(Path("params.yaml"), help="The params file."),
 ) -> None:
-    """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API."""
+    """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API.
+
+    Settings: ./params.yaml (the file DVC tracks and every stage reads); change single values for an experiment with
+    dvc exp run -S section.key=value. The files it names are checked before the first stage starts.
+    """
     setup_environment()
     from prefect.exceptions import TerminationSignal
 
-    from flows.pipeline import StageFailed, pipeline, stage_order
-    from tasks.config import ConfigError, load_params
+    from flows.pipeline import StageFailed, pipeline
 
-    try:
-        load_params(params)
-    except ConfigError as exc:
-        typer.secho(str(exc), fg="red", err=True)
-        raise typer.Exit(2) from None
-    if params.resolve() != Path("params.yaml").resolve():
-        # dvc.yaml's stages run `didpo stage <name>`, which reads ./params.yaml, and DVC tracks ./params.yaml: another
-        # file here would be validated and then ignored by every stage
-        typer.secho(
-            f"--params {params}: `didpo run` runs the DVC stages, which read ./params.yaml; copy it there, or change "
-            "single values with `dvc exp run -S <section>.<key>=<value>`",
-            fg="red",
-            err=True,
-        )
-        raise typer.Exit(2)
+    params = Path("params.yaml")
     selected = [s.strip() for s in stages.split(",") if s.strip()] or None
-    known = stage_order()  # dvc.yaml's stages, read by DVC
+    known = _stage_order()  # dvc.yaml's stages, read by DVC
     unknown = [s for s in selected or () if s not in known]
     if unknown:
         typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
+    _check_inputs(params, selected or known)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
         if os.environ.get("PREFECT_UI_URL") == PREFECT_UI:  # the temporary API serves no UI
@@ -217,25 +307,23 @@ def result_lines(stages: list[str]) -> list[str]:
     return lines
 
 
-@app.command()
+@app.command(short_help="Run one stage (what dvc repro runs for it).")
 def stage(
-    name: str = typer.Argument(..., help="The stage to run (as named in dvc.yaml)."),
-    params: Path = typer.Option(Path("params.yaml"), help="The params file."),
+    name: str = typer.Argument(..., metavar="STAGE", help=f"The stage to run: {STAGES_HELP}."),
+    params: Path = typer.Option(Path("params.yaml"), help="The params file the stage reads."),
 ) -> None:
-    """Run one stage's Prefect flow (this is each dvc.yaml stage's ``cmd``)."""
+    """Run one stage's Prefect flow (each dvc.yaml stage's cmd is didpo stage <name>)."""
     setup_environment()
-    from flows.pipeline import record_stage_seconds, stage_order
+    from flows.pipeline import record_stage_seconds
 
-    known = stage_order()  # dvc.yaml's stages, read by DVC
+    known = _stage_order()  # dvc.yaml's stages, read by DVC
     if name not in known:
         typer.secho(f"unknown stage '{name}'; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
-    from tasks.config import ConfigError, load_params
-    from tasks.gate import GateFailed
-    from tasks.validate import ValidationFailed
-
+    # a bad params.yaml, or a file it names for this stage that is missing or does not parse, stops here: before
+    # any flow run or server starts
+    launch = _check_inputs(params, [name]).launch
     try:
-        launch = load_params(params).launch  # a bad params.yaml stops here, before any flow run or server starts
         if name in LAUNCHED_STAGES and int(os.environ.get("RANK", "0")) > 0:
             importlib.import_module(f"flows.{name}").worker(str(params))  # a rank > 0: training only
             return
@@ -249,22 +337,19 @@ def stage(
         with _prefect_api():  # under `didpo run` its API; under a bare `dvc repro` a server of its own
             run_stage_flow(name, str(params))
         record_stage_seconds(name, time.monotonic() - started)  # the next run's ETA
-    except ConfigError as exc:
-        typer.secho(str(exc), fg="red", err=True)
-        raise typer.Exit(2) from None
-    except (ValidationFailed, GateFailed, FileNotFoundError) as exc:  # readable failures: no traceback needed
+    except readable_failures() as exc:  # their message is the whole story: no traceback
         typer.secho(f"stage '{name}' failed: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
 
 
-@app.command()
+@app.command(short_help="Serve the nightly run as a Prefect deployment.")
 def serve(
     cron: str = typer.Option("0 2 * * *", help="Cron schedule of the nightly run (server time zone)."),
     name: str = typer.Option("nightly", help="Deployment name."),
 ) -> None:
     """Serve the pipeline as a Prefect deployment on a cron schedule (the nightly run); Ctrl-C stops it.
 
-    Needs a running Prefect API: ``PREFECT_API_URL`` (a team's server), or ``prefect server start`` in another shell.
+    Needs a running Prefect API: PREFECT_API_URL (a team's server), or prefect server start in another shell.
     """
     setup_environment()
     from prefect import serve as prefect_serve
@@ -274,9 +359,9 @@ def serve(
     prefect_serve(nightly_deployment(cron=cron, name=name))
 
 
-@app.command()
+@app.command(short_help="Move the champion alias back one version.")
 def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params file.")) -> None:
-    """Move the registry's ``champion`` alias back to the version the current champion replaced."""
+    """Move the registry's champion alias back to the version the current champion replaced."""
     setup_environment()
     from tasks.config import ConfigError, load_params
     from tasks.registry import rollback_champion
@@ -288,23 +373,43 @@ def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params f
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
     configure(cfg.tracking)
+    from mlflow.exceptions import MlflowException
+
     try:
         old, new = rollback_champion(cfg.register.model_name)
     except ValueError as exc:
         typer.secho(f"rollback refused: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+    except MlflowException as exc:  # e.g. no registered model of that name (register.model_name)
+        typer.secho(f"rollback refused: {exc.message.splitlines()[0]} (register.model_name)", fg="red", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"{cfg.register.model_name}: champion moved from version {old} back to version {new}")
 
 
-@app.command()
+@app.command(short_help="Render the plots offline: dvc_plots/index.html.")
 def plots(
-    revisions: list[str] = typer.Argument(None, help="Git revisions to compare (dvc plots diff); none: the workspace."),
+    revisions: list[str] = typer.Argument(
+        None, metavar="REVISION", help="Git revisions to compare (dvc plots diff); none: the workspace."
+    ),
 ) -> None:
     """Render every dvc.yaml plot offline: dvc_plots/index.html (opens from disk) and one PNG per plot."""
     setup_environment()
-    from flows.plots import OUT, dvc_plot_specs, render
+    from flows.plots import OUT, dvc_plot_specs, render, unknown_revisions
 
-    specs, problems = dvc_plot_specs(tuple(revisions or ()))
+    unknown = unknown_revisions(revisions or [])
+    if unknown:
+        typer.secho(
+            f"not a git revision here: {', '.join(unknown)} (a commit, branch or tag: git log --oneline; "
+            "workspace: the files as they are)",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        specs, problems = dvc_plot_specs(tuple(revisions or ()))
+    except RuntimeError as exc:  # DVC's own error, its last line
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
     for problem in problems:
         typer.secho(f"not drawn: {problem}", fg="yellow", err=True)
     if not specs:
@@ -314,21 +419,25 @@ def plots(
     typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
 
 
-@app.command()
+@app.command(short_help="Serve the MLflow and Prefect UIs until Ctrl-C.")
 def ui(
     mlflow_port: int = typer.Option(5000, help="MLflow UI's port on 127.0.0.1."),
     prefect_port: int = typer.Option(4200, help="Prefect UI's port on 127.0.0.1 (the runs' \"View at\" links: 4200)."),
 ) -> None:
     """Serve the MLflow and Prefect UIs on this project's embedded state until Ctrl-C (which stops both).
 
-    A team's servers (an http(s) ``MLFLOW_TRACKING_URI``, ``PREFECT_API_URL``) are not served again: their address is
+    A team's servers (an http(s) MLFLOW_TRACKING_URI, PREFECT_API_URL) are not served again: their address is
     printed. Exits 1 when a port is taken or a server does not come up (its log: .cache/ui/).
     """
     setup_environment()
     from flows import ui as servers
-    from tasks.config import load_params
+    from tasks.config import ConfigError, load_params
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
+    try:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or load_params().tracking.tracking_uri
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
     wanted = []  # (name, port, server, page, what it shows)
     if uri.startswith(("http://", "https://")):
         typer.echo(f"MLflow: {uri} (your tracking server)")

@@ -47,7 +47,7 @@ def run(params_path: str = "params.yaml") -> dict:
         inputs=(str(VALID_PROBLEMS), str(policy)),
         resume_dir=DIDPO_CHECKPOINT / "checkpoints",
     ):
-        problems = read_problems(VALID_PROBLEMS, "train")
+        problems = read_problems(VALID_PROBLEMS, "train", required=True)
         with make_verifier(params.verifier) as verifier:
             metrics, history = run_didpo(
                 policy, params.base_model.dtype, problems, cfg, verifier, DIDPO_CHECKPOINT, DIDPO_ROLLOUTS, DIDPO_POOL

@@ -38,7 +38,7 @@ def run(params_path: str = "params.yaml") -> dict:
     merged = SFT_CHECKPOINT / "merged"
     inputs = (str(VALID_PROBLEMS), str(merged), str(BASE_CHECKPOINT))
     with tracking.stage_run("gate", params.tracking, cfg, inputs=inputs):
-        problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
+        problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems, required=True)
         external = read_problems(VALID_PROBLEMS, "humaneval", cfg.external_problems)
         engine = resolve_engine(cfg.engine, cfg.precision, "gate")
         with make_verifier(params.verifier) as verifier:

@@ -128,18 +128,18 @@ def _sigint_default() -> None:
 
 
 @task(task_run_name="repro-{name}")
-def repro_stage(name: str) -> bool:
+def repro_stage(name: str) -> tuple[int, bool]:
     """``dvc repro --single-item NAME`` (`flows.dvc_cli`: dvc less its warning that the optional human pairs are
     empty), in its own process group, with this task run's id in
     ``DIDPO_PARENT_TASK_RUN`` (the stage's flow run is its subflow). Its standard output streams to the console as it
     comes, less DVC's git and push hints (`without_dvc_hints`); its standard error (logs, progress bars) is the
     console's. A Ctrl-C (KeyboardInterrupt here) or a SIGTERM (Prefect's ``TerminationSignal`` inside a flow run) is
     passed on to it with `stop_process_group`, and this returns only once it has stopped: the stage marks its own flow
-    run and its MLflow run while the Prefect API still answers. Returns whether the stage's command ran (False: DVC
-    found it up to date and skipped it).
+    run and its MLflow run while the Prefect API still answers. Returns ``(exit status, whether the stage's command
+    ran)`` (False: DVC found it up to date and skipped it). A failed stage is not raised here: the stage has printed
+    why, and `pipeline` ends its run Failed without another traceback.
 
     Raises:
-        StageFailed: the stage's command exited non-zero.
         KeyboardInterrupt: interrupted (after the stage stopped).
     """
     from prefect.runtime import task_run
@@ -166,9 +166,7 @@ def repro_stage(name: str) -> bool:
         echo.join(timeout=5.0)
         raise
     echo.join(timeout=5.0)
-    if returncode != 0:
-        raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
-    return bool(ran)
+    return returncode, bool(ran)
 
 
 @task(retries=3, retry_delay_seconds=[2, 10, 30])
@@ -278,24 +276,35 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
     One MLflow parent run covers the whole run; each stage process opens its child run under it. Before each stage
     a `progress_line` says where the run is and how long the rest took the last time each ran here (an ETA that
     counts the stages from the first one DVC found out of date at the start). Returns ``{stage: whether its command
-    ran}`` in graph order (False: up to date, skipped). Raises :class:`StageFailed` when one fails.
+    ran}`` in graph order (False: up to date, skipped).
+
+    Raises:
+        StageFailed: a stage failed; the flow run ends Failed with its message (a returned Failed state, so Prefect
+            prints no traceback: the stage printed its own reason, once).
     """
     order = [s for s in stage_order() if stages is None or s in stages]
     started = time.monotonic()
-    with pipeline_run(load_params(params_path).tracking) as run_id:
-        logger = get_run_logger()
-        logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
-        ran = {}
-        to_run = out_of_date(order)
-        reference = read_stage_seconds(REFERENCE_TIMINGS)
-        for i, name in enumerate(order, 1):
-            elapsed = time.monotonic() - started
-            # once a stage has run, the ones after it may be out of date too (DVC finds out when it gets there)
-            counted = None if any(ran.values()) else to_run
-            logger.info(progress_line(i, order, elapsed, read_stage_seconds(), counted, reference))
-            ran[name] = repro_stage(name)
-        ran_names = ",".join(s for s in order if ran[s])
-        log_run_summary({"stages": ",".join(order), "ran": ran_names or "none"}, headline_metrics(order))
-        if push:
-            dvc_push()
+    try:
+        with pipeline_run(load_params(params_path).tracking) as run_id:  # a raised StageFailed marks it FAILED
+            logger = get_run_logger()
+            logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
+            ran = {}
+            to_run = out_of_date(order)
+            reference = read_stage_seconds(REFERENCE_TIMINGS)
+            for i, name in enumerate(order, 1):
+                elapsed = time.monotonic() - started
+                # once a stage has run, the ones after it may be out of date too (DVC finds out when it gets there)
+                counted = None if any(ran.values()) else to_run
+                logger.info(progress_line(i, order, elapsed, read_stage_seconds(), counted, reference))
+                returncode, ran[name] = repro_stage(name)
+                if returncode != 0:
+                    raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
+            ran_names = ",".join(s for s in order if ran[s])
+            log_run_summary({"stages": ",".join(order), "ran": ran_names or "none"}, headline_metrics(order))
+            if push:
+                dvc_push()
+    except StageFailed as failed:
+        from prefect.states import Failed
+
+        return Failed(message=str(failed), data=failed)
     return ran

@@ -17,18 +17,37 @@ from pathlib import Path
 OUT = Path("dvc_plots")
 
 
+def unknown_revisions(revisions: list[str] | tuple[str, ...], root: str | Path = ".") -> list[str]:
+    """Those of `revisions` that name no commit of the git repository at `root` (``git rev-parse --verify``; DVC's
+    ``workspace``, the files as they are, is one), in the order given."""
+    unknown = []
+    for rev in revisions:
+        if rev == "workspace":
+            continue
+        proc = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            unknown.append(rev)
+    return unknown
+
+
 def dvc_plot_specs(revisions: tuple[str, ...] = ()) -> tuple[dict[str, dict], list[str]]:
     """``({title: Vega-Lite spec}, [what could not be drawn])`` from ``dvc plots show --json`` (``dvc plots diff
     --json REV…`` when `revisions` are given). A plot whose files are missing (its stage has not run) or lack a
     field is reported, not drawn.
 
     Raises:
-        RuntimeError: DVC failed (its stderr in the message).
+        RuntimeError: DVC failed (the last line of its stderr, DVC's error, in the message).
     """
     command = ["dvc", "plots", "diff", *revisions, "--json"] if revisions else ["dvc", "plots", "show", "--json"]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {proc.stderr.strip()[-2000:]}")
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]  # DVC's error line
+        raise RuntimeError(f"{' '.join(command)} failed: {last}")
     report = json.loads(proc.stdout)
     specs = {
         title: entries[0]["content"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.paths import (
     MINED_PAIRS,
@@ -24,7 +24,13 @@ from tasks.config import load_params
 from tasks.io import headline, read_problems, write_json
 from tasks.measure import load_checkpoint
 from tasks.sandbox import make_verifier
-from tasks.selfplay import generate_selfplay_pairs, merge_sources, read_pairs, write_pairs
+from tasks.selfplay import (
+    generate_selfplay_pairs,
+    merge_sources,
+    no_selfplay_pairs_warning,
+    read_pairs,
+    write_pairs,
+)
 
 HEADLINE = {"pairs": "n_pairs"}  # the DVC metric (tasks.io.headline): the training pairs DPO gets, every source
 
@@ -38,7 +44,7 @@ def run(params_path: str = "params.yaml") -> dict:
     inputs = (str(VALID_PROBLEMS), str(merged), str(MINED_PAIRS))
     with tracking.stage_run("selfplay", params.tracking, cfg, inputs=inputs):
         model, tokenizer = load_checkpoint(merged, params.base_model.dtype)
-        problems = read_problems(VALID_PROBLEMS, "train", cfg.n_prompts)
+        problems = read_problems(VALID_PROBLEMS, "train", cfg.n_prompts, required=True)
         with make_verifier(params.verifier) as verifier:
             selfplay, stats = generate_selfplay_pairs(model, tokenizer, problems, cfg, verifier)
         mined = read_pairs(MINED_PAIRS) if cfg.include_mined else []
@@ -55,4 +61,7 @@ def run(params_path: str = "params.yaml") -> dict:
         write_json(headline(metrics, HEADLINE), SELFPLAY_HEADLINE)
         tracking.log_artifacts(SELFPLAY_METRICS, artifact_path="selfplay")
         tracking.mlflow_emit({f"selfplay/{k}": v for k, v in metrics.items()}, step=0)
+        warning = no_selfplay_pairs_warning(stats, cfg, len(pairs))
+        if warning:
+            get_run_logger().warning(f"{warning} (counts: {SELFPLAY_METRICS})")
     return metrics

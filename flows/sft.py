@@ -29,7 +29,7 @@ def run(params_path: str = "params.yaml") -> dict:
         inputs=(str(VALID_PROBLEMS), str(BASE_CHECKPOINT)),
         resume_dir=SFT_CHECKPOINT / "checkpoints",
     ):
-        train = read_problems(VALID_PROBLEMS, "train")
+        train = read_problems(VALID_PROBLEMS, "train", required=True)
         held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
         metrics, history = run_sft(
             BASE_CHECKPOINT, params.base_model.dtype, train, held_out, params.sft, SFT_CHECKPOINT

@@ -1,15 +1,17 @@
 """Stage ``validate``: Great Expectations data contracts (data/expectations/) over problems, feedback logs and pairs.
 
 Valid rows go to data/validated/, every bad row to data/validated/quarantine/ with the failed expectation; valid +
-quarantined = input, always. The stage fails with a readable summary when a critical expectation or a bad-row-rate
-threshold fails (the report is written and logged first, so people can read why).
+quarantined = input, always. The console gets the quarantine's summary (rows, top reasons, where the rows and the
+report are: `tasks.validate.quarantine_summary`). The stage fails with a readable summary when a critical expectation
+or a bad-row-rate threshold fails (the report is written and logged first, so people can read why).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.paths import (
     PREPARED_PROBLEMS,
@@ -30,7 +32,7 @@ from tasks.validate import validate_logs_task, validate_pairs_task, validate_pro
 @flow(name="validate")
 def run(params_path: str = "params.yaml") -> dict:
     """Validate every input dataset, write the JSON/Markdown report, fail loudly when a contract is broken."""
-    from tasks.validate import ensure_passed, report_dict, write_report
+    from tasks.validate import ensure_passed, quarantine_summary, report_dict, write_report
 
     params = load_params(params_path)
     cfg = params.validate
@@ -53,5 +55,8 @@ def run(params_path: str = "params.yaml") -> dict:
             },
             step=0,
         )
+        level = logging.WARNING if any(r.rows_quarantined for r in reports) else logging.INFO
+        for line in quarantine_summary(reports, VALIDATE_REPORT_MD):  # the console's account of the quarantine
+            get_run_logger().log(level, line)
         ensure_passed(reports)
     return report_dict(reports)

@@ -37,6 +37,12 @@ class ConfigError(ValueError):
     """A params.yaml value is unknown, of the wrong type or out of range; the message names the key."""
 
 
+class InputError(ValueError):
+    """A stage's own data cannot give it what it needs: a configured file that is missing or does not parse
+    (`tasks.inputs`), or a split with no problems. The message is complete (it names the params key or the knob
+    to turn), so the command line prints it as one error without a traceback."""
+
+
 def _check_engine(section: str, engine: str, precision: str) -> None:
     if engine not in ENGINES:
         raise ValueError(f"{section}.engine must be one of {ENGINES}, got {engine!r}")

@@ -11,7 +11,12 @@ from prefect.cache_policies import NO_CACHE
 from models.config import DiDPOConfig
 from models.distributed import is_main_process
 from models.training import resume_or_start_over
+from tasks.config import InputError
 from tasks.tracking import mlflow_emit
+
+# How `models.didpo.screen_prompt_pool` says the screened pool is empty (every screened problem passed 0 or all
+# times): the message names the key to raise, so the stage stops with it as one line (tests/test_inputs.py).
+EMPTY_POOL = "no informative problem"
 
 
 def copy_file(source: Path, target: Path) -> None:
@@ -73,6 +78,8 @@ def run_didpo(
     (`models.didpo.screen_prompt_pool`) is copied to `pool` (a DVC out); its summary (screened, pool_size, pass
     rates) joins the metrics.
 
+    An empty pool (no screened problem is informative) raises `tasks.config.InputError` with the screen's message.
+
     A leftover resume checkpoint written with another config or other problems is discarded (a new run); a
     checkpoint of this very run is resumed. The loop appends its rollouts beside its checkpoints (``out``), which DVC
     leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
@@ -91,7 +98,12 @@ def run_didpo(
         engine = engines[0]
         return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine)
 
-    result = resume_or_start_over(attempt)
+    try:
+        result = resume_or_start_over(attempt)
+    except ValueError as exc:
+        if not str(exc).startswith(EMPTY_POOL):
+            raise
+        raise InputError(f"the RL prompt pool is empty: {exc}") from None
     if not is_main_process():  # a rank > 0 under `accelerate launch`: rank 0 writes the outputs
         return {}, result.history
     copy_file(result.rollouts_path, rollouts)

@@ -16,11 +16,24 @@ from tasks.tracking import mlflow_emit
 
 def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[dict]]:
     """``(train, held_out)``: at most ``cfg.max_pairs`` pairs of the selfplay stage's file (`models.dpo.select_pairs`,
-    seeded by ``cfg.seed``), ``cfg.held_out_frac`` of them held out for the held-out loss (`models.dpo.split_pairs`)."""
+    seeded by ``cfg.seed``), ``cfg.held_out_frac`` of them held out for the held-out loss (`models.dpo.split_pairs`).
+
+    Raises:
+        tasks.config.InputError: no pair is left to train on (the message names the sources and their keys).
+    """
     from models.dpo import select_pairs, split_pairs
+    from tasks.config import InputError
     from tasks.selfplay import read_pairs
 
-    return split_pairs(select_pairs(read_pairs(pairs_path), cfg.max_pairs, cfg.seed), cfg.held_out_frac)
+    pairs = read_pairs(pairs_path)
+    train, held_out = split_pairs(select_pairs(pairs, cfg.max_pairs, cfg.seed), cfg.held_out_frac)
+    if not train:
+        raise InputError(
+            f"{pairs_path} leaves no pair to train DPO on ({len(pairs)} pairs, {len(held_out)} held out by "
+            "dpo.held_out_frac): the mine and selfplay stages' warnings say why each made none (mine.* keys; "
+            "selfplay.n_prompts, selfplay.k)"
+        )
+    return train, held_out
 
 
 def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:

@@ -78,8 +78,22 @@ def headline(report: dict, columns: Mapping[str, str]) -> dict:
     return out
 
 
-def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
-    """The rows of one split of a validated problems file, in file order; ``limit`` > 0 keeps the first ones."""
+# What fills each split (the keys to turn when one is empty).
+SPLIT_SOURCES = {
+    "train": "prepare.n_problems, prepare.include_exercises and prepare.user_problems",
+    "val": "prepare.val_frac (and user problems with split val)",
+    "test": "prepare.test_frac (and user problems with split test)",
+    "heldout": "prepare.heldout_families",
+    "humaneval": "prepare.include_humaneval",
+}
+
+
+def read_problems(path: str | Path, split: str, limit: int = 0, *, required: bool = False) -> list[dict]:
+    """The rows of one split of a validated problems file, in file order; ``limit`` > 0 keeps the first ones.
+
+    Raises:
+        tasks.config.InputError: `required` and the split has no problem (the message names the keys that fill it).
+    """
     rows = []
     with Path(path).open(encoding="utf-8") as f:
         for line in f:
@@ -88,4 +102,11 @@ def read_problems(path: str | Path, split: str, limit: int = 0) -> list[dict]:
                 rows.append(row)
                 if limit and len(rows) == limit:
                     break
+    if required and not rows:
+        from tasks.config import InputError
+
+        raise InputError(
+            f"{path} has no {split!r} problem: the split is filled by {SPLIT_SOURCES.get(split, 'prepare')}; rows the "
+            "validate stage quarantined are in data/validated/report.md"
+        )
     return rows

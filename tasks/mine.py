@@ -537,3 +537,60 @@ def _merge_human(pairs: pd.DataFrame, human: pd.DataFrame, cfg: MineConfig, repo
     kept = human.loc[~dup]
     report["human"] |= {"too_similar": int(too_similar.sum()), "duplicates": int(dup.sum()), "kept": int(len(kept))}
     return pd.concat([pairs, kept], ignore_index=True) if len(kept) else pairs
+
+
+# ---------------------------------------------------------------------------------------------------- no pairs
+
+
+def no_pairs_warning(report: dict[str, Any]) -> str | None:
+    """What the console says when mining kept no pair (None when it kept some): the events used, the users per
+    denoising outcome and the log pairs removed per rule, each with the ``mine`` key that decides it, and the knobs
+    that would let pairs through. `report` is :func:`mine_pairs`'s."""
+    if report.get("pairs_kept"):
+        return None
+    cfg = report.get("config", {})
+    users = report.get("users", {})
+    rules = report.get("log_pairs", {})
+    invalid = sum(report.get("invalid_rows", {}).values())
+    parts = [
+        f"mine kept 0 pairs from {report.get('events_in', 0)} events ({report.get('events_used', 0)} used after "
+        f"{invalid} invalid rows and {report.get('double_clicks_dropped', 0)} double clicks)"
+    ]
+    knobs = []
+    if users.get("total"):
+        parts.append(
+            f"of {users['total']} users {users.get('kept', 0)} kept, {users.get('constant', 0)} constant raters "
+            f"(always up or always down: no signal), {users.get('too_few_ratings', 0)} with too few ratings "
+            f"(< mine.min_ratings_per_user = {cfg.get('min_ratings_per_user')} ratings that other users also rated, "
+            f"mine.min_consensus_raters = {cfg.get('min_consensus_raters')}), {users.get('uninformative', 0)} "
+            f"uninformative (Fisher p >= mine.alpha = {cfg.get('alpha')})"
+        )
+        if users.get("too_few_ratings"):
+            knobs.append("lower mine.min_ratings_per_user or mine.min_consensus_raters")
+        if users.get("uninformative"):
+            knobs.append("raise mine.alpha")
+        if not users.get("kept"):
+            knobs.append("more ratings per user and per response (longer logs; simulated: simulate_logs.n_events)")
+    else:
+        knobs.append("the logs hold no valid event: check validate.feedback_logs and data/validated/report.md")
+    removed = {k: v for k, v in rules.items() if k not in ("candidates", "kept") and v}
+    if users.get("kept"):
+        parts.append(
+            f"{rules.get('candidates', 0)} candidate pairs (a kept user rating two responses to one prompt up and "
+            "down)" + (": removed " + ", ".join(f"{k} {v}" for k, v in removed.items()) if removed else "")
+        )
+        rule_knobs = {
+            "contradicts_consensus": "mine.consensus_margin (-1 disables it)",
+            "too_similar": "mine.similarity_threshold",
+            "duplicates": "mine.dedupe_threshold",
+            "user_category_cap": "mine.max_pairs_per_user_category",
+        }
+        knobs += [
+            f"raise {rule_knobs[k]}" if k != "contradicts_consensus" else f"lower {rule_knobs[k]}"
+            for k in removed
+            if k in rule_knobs
+        ]
+        if not rules.get("candidates"):
+            knobs.append("the kept users never rated two answers to one prompt both ways (longer logs)")
+    parts.append("to get pairs: " + "; ".join(knobs) if knobs else "see data/mined/report.json")
+    return "; ".join(parts)

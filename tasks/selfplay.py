@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from prefect import task
@@ -54,11 +56,12 @@ def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: Selfpla
         n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
     results = sample_and_verify(model, tokenizer, problems, sampling, verifier) if problems else []
-    pairs = [
-        pair
-        for problem, result in zip(problems, results, strict=True)
-        for pair in selfplay_pairs(problem, result.answers, result.fractions)
-    ]
+    pairs, no_pair = [], Counter()
+    for problem, result in zip(problems, results, strict=True):
+        found = selfplay_pairs(problem, result.answers, result.fractions)
+        pairs += found
+        if not found:
+            no_pair[no_pair_reason(result.answers, result.fractions)] += 1
     answers = [a for r in results for a in r.answers]
     fractions = [f for r in results for f in r.fractions]
     stats = {
@@ -67,5 +70,49 @@ def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: Selfpla
         "n_selfplay_pairs": len(pairs),
         "answer_test_pass_rate": sum(fractions) / len(fractions) if fractions else 0.0,
         "answer_format_compliance": sum(check_format(a).compliant for a in answers) / len(answers) if answers else 0.0,
+        **{f"no_pair/{reason}": no_pair.get(reason, 0) for reason in NO_PAIR_REASONS},
     }
     return pairs, stats
+
+
+# Why a prompt gave no self-play pair (`no_pair_reason`), as counted in the stage's metrics (``no_pair/<reason>``).
+NO_PAIR_REASONS = ("no_usable_answer", "all_passed", "all_failed", "equal_scores", "same_text")
+
+
+def no_pair_reason(answers: Sequence[str], fractions: Sequence[float]) -> str:
+    """Why `models.selfplay.selfplay_pairs` made no pair of these answers: ``no_usable_answer`` (none has code that
+    parses and is safe: nothing may be chosen), ``all_passed`` / ``all_failed`` (every answer scored the same, all
+    passing every test / none passing any), ``equal_scores`` (every answer scored the same otherwise), or
+    ``same_text`` (the best and the worst answer are the same text)."""
+    from models.selfplay import score_answer
+
+    scores = [score_answer(text, fraction) for text, fraction in zip(answers, fractions, strict=True)]
+    if not any(score.eligible for score in scores):
+        return "no_usable_answer"
+    if len({score.rank for score in scores}) > 1:
+        return "same_text"
+    fraction = scores[0].test_fraction  # every answer's
+    return "all_passed" if fraction == 1.0 else "all_failed" if fraction == 0.0 else "equal_scores"
+
+
+def no_selfplay_pairs_warning(stats: dict, cfg: SelfplayConfig, n_pairs: int) -> str | None:
+    """What the console says when self-play made no pair (None when it made some): the prompts per reason
+    (`no_pair_reason`) and the ``selfplay`` keys to turn; `n_pairs` is every source's total (0: DPO gets nothing)."""
+    if stats.get("n_selfplay_pairs"):
+        return None
+    if not stats.get("n_prompts"):
+        return "self-play made 0 pairs: it had no train problem to answer (selfplay.n_prompts, the train split)"
+    counts = {reason: stats.get(f"no_pair/{reason}", 0) for reason in NO_PAIR_REASONS}
+    shown = ", ".join(f"{reason} {n}" for reason, n in counts.items() if n)
+    knobs = [f"more prompts (selfplay.n_prompts = {cfg.n_prompts}; 0 = every train problem)"]
+    if counts["all_passed"] + counts["all_failed"] + counts["equal_scores"] + counts["same_text"]:
+        knobs.append(
+            f"more answers per prompt (selfplay.k = {cfg.k}) or more varied ones (selfplay.temperature = "
+            f"{cfg.temperature})"
+        )
+    if counts["no_usable_answer"]:
+        knobs.append(f"a longer answer budget (selfplay.max_new_tokens = {cfg.max_new_tokens}) if answers are cut off")
+    total = "DPO gets no pair from any source" if not n_pairs else f"DPO gets the {n_pairs} mined and human pairs"
+    return f"self-play made 0 pairs from {stats['n_prompts']} prompts ({shown}); {total}; to get pairs: " + "; ".join(
+        knobs
+    )

@@ -93,6 +93,13 @@ UNIQUE_TYPES = frozenset({"expect_column_values_to_be_unique", "expect_compound_
 
 SolutionCheck = Callable[[list[dict[str, Any]]], Sequence[Any]]
 
+# The params key of each dataset's bad-row-rate threshold (``ValidateConfig``), named wherever the rate is reported.
+THRESHOLD_KEYS = {
+    "problems": "validate.max_bad_row_rate_problems",
+    "feedback_logs": "validate.max_bad_row_rate_logs",
+    "preference_pairs": "validate.max_bad_row_rate_pairs",
+}
+
 
 Redact = Callable[[str], str]
 
@@ -133,9 +140,11 @@ class DatasetReport:
         """Why this dataset failed, one readable line per reason (empty when it passed)."""
         lines = []
         if self.bad_row_rate > self.max_bad_row_rate:
+            key = THRESHOLD_KEYS.get(self.name, "the threshold")
             lines.append(
                 f"bad-row rate {self.bad_row_rate:.2%} ({self.rows_quarantined} of {self.rows_in} rows"
-                f" quarantined) exceeds the threshold {self.max_bad_row_rate:.2%}"
+                f" quarantined) exceeds the threshold {self.max_bad_row_rate:.2%}: fix the rows, or raise {key}"
+                " in params.yaml"
             )
         for name in self.critical_failed:
             count = self.failures.get(name, 0)
@@ -654,13 +663,46 @@ def failure_summary(reports: Sequence[DatasetReport]) -> str:
     failed = [r for r in reports if not r.passed]
     if not failed:
         return ""
-    out = [f"validation failed for {len(failed)} of {len(reports)} dataset(s):"]
+    out = [f"validation failed for {len(failed)} of {len(reports)} dataset(s): {', '.join(r.name for r in failed)}"]
     for r in failed:
         out.append(f"  {r.name} ({r.source}):")
         out.extend(f"    - {line}" for line in r.problems())
         out.extend(f"    - {note}" for note in r.notes)
         out.append(f"    quarantined rows and their reasons: {r.quarantine}")
     return "\n".join(out)
+
+
+def top_reasons(report: DatasetReport, top: int = 3) -> list[tuple[str, int]]:
+    """The `top` expectations that quarantined the most rows of `report`, ``(name, rows)``, most first (ties in
+    the suite's order); a row failing two expectations counts in both."""
+    failing = [(name, count) for name, count in report.failures.items() if count]
+    return sorted(failing, key=lambda item: -item[1])[:top]
+
+
+def quarantine_summary(reports: Sequence[DatasetReport], report_path: str | Path) -> list[str]:
+    """What the stage tells the console about its quarantine, one line per dataset with quarantined rows: how many
+    of how many, the rate against its threshold (named by its params key), the top reasons with their counts, and
+    where the rows and the report are; one line when nothing was quarantined."""
+    lines = []
+    for r in reports:
+        if not r.rows_quarantined:
+            continue
+        reasons = top_reasons(r)
+        more = sum(1 for count in r.failures.values() if count) - len(reasons)
+        shown = ", ".join(f"{name} {count}" for name, count in reasons) + (f" (+{more} more)" if more > 0 else "")
+        if r.bad_row_rate > r.max_bad_row_rate:
+            rate = f"{r.bad_row_rate:.2%}, over its threshold"  # the failure names the key, once
+        else:
+            key = THRESHOLD_KEYS.get(r.name, "its threshold")
+            rate = f"{r.bad_row_rate:.2%}; the stage fails above {key} = {r.max_bad_row_rate:.2%}"
+        lines.append(
+            f"{r.name}: {r.rows_quarantined} of {r.rows_in} rows quarantined ({rate}); top reasons: {shown}; "
+            f"rows with their reasons: {r.quarantine}; report: {report_path}"
+        )
+    if not lines:
+        counts = ", ".join(f"{r.rows_in} {r.name}" for r in reports)
+        lines.append(f"no row quarantined ({counts} rows); report: {report_path}")
+    return lines
 
 
 def ensure_passed(reports: Sequence[DatasetReport]) -> None:

@@ -19,28 +19,83 @@ def test_unknown_stage_lists_the_stages():
 def test_bad_params_name_the_key(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("prepare:\n  n_problems: 5\n")
-    for args in (["stage", "prepare", "--params", str(params)], ["run", "--params", str(params)]):
-        result = runner.invoke(app, args)
-        assert result.exit_code == 2
-        assert "prepare.n_problems must be >= 100, got 5" in result.output
+    result = runner.invoke(app, ["stage", "prepare", "--params", str(params)])
+    assert result.exit_code == 2
+    assert "prepare.n_problems must be >= 100, got 5" in result.output
 
 
 def test_a_missing_params_file_is_refused_not_defaulted(tmp_path):
     missing = tmp_path / "parms.yaml"
-    for args in (["stage", "prepare", "--params", str(missing)], ["run", "--params", str(missing)]):
-        result = runner.invoke(app, args)
-        assert result.exit_code == 2
-        assert f"{missing}: no such params file" in result.output
+    result = runner.invoke(app, ["stage", "prepare", "--params", str(missing)])
+    assert result.exit_code == 2
+    assert f"{missing}: no such params file" in result.output
 
 
-def test_run_refuses_what_the_dvc_stages_would_ignore(tmp_path):
-    other = tmp_path / "other.yaml"
-    other.write_text("")  # valid (all defaults), but the DVC stages read ./params.yaml, not this file
-    result = runner.invoke(app, ["run", "--params", str(other)])
-    assert result.exit_code == 2 and "which read ./params.yaml" in result.output
+def test_run_has_no_params_option_and_refuses_unknown_stages():
+    """`didpo run` runs the DVC stages, which read ./params.yaml: an option for another file was only ever refused
+    (issue 44), so there is none; unknown stage names are listed against the known ones."""
+    result = runner.invoke(app, ["run", "--params", "other.yaml"])
+    assert result.exit_code == 2 and "No such option: --params" in result.output
+    assert "--params" not in runner.invoke(app, ["run", "--help"]).output
     result = runner.invoke(app, ["run", "--stages", "sfft,prepare"])
     assert result.exit_code == 2
     assert "unknown stage(s) sfft; stages: base_model, prepare" in result.output
+
+
+def test_help_is_plain_text_lists_the_stages_and_shows_the_version():
+    """Issue 44's CLI conventions: no RST markup or rich boxes, no type after a flag, the stage names in
+    `stage --help` (and `run --help`), `--version`."""
+    from importlib.metadata import version
+
+    from flows.cli import stage_names
+
+    names = stage_names()
+    assert names[:3] == ["base_model", "prepare", "simulate_logs"] and names[-1] == "register" and len(names) == 13
+    for args in ([], ["run"], ["stage"], ["serve"], ["rollback"], ["plots"], ["ui"]):
+        result = runner.invoke(app, [*args, "--help"])
+        assert result.exit_code == 0, args
+        for markup in ("``", "<bool>", "╭", "│"):
+            assert markup not in result.output, (args, markup)
+    stage_help = " ".join(runner.invoke(app, ["stage", "--help"]).output.split())
+    assert f"The stage to run: {', '.join(names)}." in stage_help
+    assert ", ".join(names) in " ".join(runner.invoke(app, ["run", "--help"]).output.split())
+    top = runner.invoke(app, ["--help"]).output
+    assert "run       Run the whole pipeline, or --stages of it." in top
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"didpo {version('didpo-pipeline')}\n"
+
+
+def test_plots_refuses_an_unknown_revision_in_one_line():
+    """`didpo plots <bad revision>` printed a 25-line traceback (issue 44): now one line naming it, exit 2."""
+    from flows.plots import unknown_revisions
+
+    assert unknown_revisions(["HEAD", "workspace", "no-such-rev", "--all"]) == ["no-such-rev", "--all"]
+    result = runner.invoke(app, ["plots", "HEAD", "no-such-rev"])
+    assert result.exit_code == 2
+    assert result.output == (
+        "not a git revision here: no-such-rev (a commit, branch or tag: git log --oneline; workspace: the files as "
+        "they are)\n"
+    )
+
+
+def test_outside_a_dvc_project_or_with_a_params_yaml_dvc_yaml_cannot_resolve(tmp_path, monkeypatch):
+    """DVC's own errors are one line: run from another folder, or a params.yaml without a key dvc.yaml names."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["stage", "prepare"])
+    assert result.exit_code == 2
+    assert result.output.startswith("dvc.yaml: you are not inside of a DVC repository")
+    assert result.output.endswith("(run didpo from the project root)\n") and result.output.count("\n") == 1
+    shutil.copy(Path(__file__).resolve().parents[1] / "dvc.yaml", tmp_path / "dvc.yaml")
+    subprocess.run([sys.executable, "-m", "flows.dvc_cli", "init", "-q", "--no-scm"], cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").write_text("prepare:\n  seed: 1\n")  # valid for didpo, not for dvc.yaml's ${...}
+    result = runner.invoke(app, ["run"])
+    assert result.exit_code == 2
+    assert "Could not find 'validate.feedback_logs'" in result.output and result.output.count("\n") == 1
 
 
 def test_ui_refuses_a_taken_port_and_names_a_team_server(monkeypatch, tmp_path):

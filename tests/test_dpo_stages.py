@@ -60,6 +60,9 @@ def test_generate_selfplay_pairs_samples_k_and_pairs_by_verdict():
     assert stats["answer_test_pass_rate"] == 0.5
     # a random tiny model writes no parsable code, so nothing is eligible to be chosen: no pairs, by the pre-filter
     assert stats["n_selfplay_pairs"] == len(pairs)
+    # every prompt without a pair is counted under its reason (the stage's warning when there is none)
+    no_pair = {k: v for k, v in stats.items() if k.startswith("no_pair/")}
+    assert len(no_pair) == 5 and sum(no_pair.values()) == 2 - len(pairs)
     for pair in pairs:
         assert pair["source"] == "selfplay" and pair["chosen_score"][0] == 1.0 and pair["rejected_score"][0] == 0.0
 

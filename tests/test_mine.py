@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import fisher_exact
 
 from tasks.config import MineConfig
-from tasks.mine import PAIR_COLUMNS, mine_pairs, rate_users, similarity
+from tasks.mine import PAIR_COLUMNS, mine_pairs, no_pairs_warning, rate_users, similarity
 from tasks.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tests.test_simulate_logs import PROBLEMS, exec_check
 
@@ -430,3 +430,59 @@ def test_no_raw_pii_leaves_mining(simulated):
     # Not vacuous: the hand-made PII pairs were mined, with every kind of placeholder.
     assert pairs["category"].str.startswith("cat").sum() >= len(PII_KINDS)
     assert all(report["placeholders_in_pairs"][ph] > 0 for ph in report["placeholders_in_pairs"])
+
+
+# ------------------------------------------------------------------------------------------------ no pairs: loud
+
+
+def test_zero_pairs_warns_with_the_reasons_counts_and_the_knobs():
+    """Issue 44: `mine` on 200 events exited 0 with 0 pairs and no word (the reason, constant raters and raters with
+    too few ratings, only in report.json). The warning gives each count of the report and the keys to turn."""
+    events, _ = simulate_logs(PROBLEMS, n_events=200, n_users=100, seed=0, check=exec_check)
+    pairs, report = mine_pairs(events, MineConfig())
+    assert len(pairs) == 0
+    users = report["users"]
+    assert users == {"total": 50, "kept": 0, "constant": 29, "too_few_ratings": 21, "uninformative": 0}
+    warning = no_pairs_warning(report)
+    assert warning == (
+        "mine kept 0 pairs from 200 events (196 used after 0 invalid rows and 4 double clicks); of 50 users 0 kept, "
+        "29 constant raters (always up or always down: no signal), 21 with too few ratings (< mine.min_ratings_per_user"
+        " = 6 ratings that other users also rated, mine.min_consensus_raters = 2), 0 uninformative (Fisher p >= "
+        "mine.alpha = 0.01); to get pairs: lower mine.min_ratings_per_user or mine.min_consensus_raters; more ratings "
+        "per user and per response (longer logs; simulated: simulate_logs.n_events)"
+    )
+
+
+def test_zero_pairs_after_the_filters_names_each_rules_key():
+    report = {
+        "events_in": 40,
+        "events_used": 40,
+        "invalid_rows": {},
+        "double_clicks_dropped": 0,
+        "users": {"total": 4, "kept": 2, "constant": 1, "too_few_ratings": 0, "uninformative": 1},
+        "log_pairs": {
+            "candidates": 5,
+            "same_response_both_ways": 0,
+            "contradicts_consensus": 2,
+            "too_similar": 3,
+            "duplicates": 0,
+            "user_category_cap": 0,
+            "kept": 0,
+        },
+        "pairs_kept": 0,
+        "config": {"min_ratings_per_user": 6, "min_consensus_raters": 2, "alpha": 0.01},
+    }
+    warning = no_pairs_warning(report)
+    assert (
+        "5 candidate pairs (a kept user rating two responses to one prompt up and down): removed "
+        "contradicts_consensus 2, too_similar 3" in warning
+    )
+    assert warning.endswith(
+        "to get pairs: raise mine.alpha; lower mine.consensus_margin (-1 disables it); raise mine.similarity_threshold"
+    )
+    assert no_pairs_warning({**report, "pairs_kept": 3}) is None
+    empty = no_pairs_warning({"events_in": 0, "events_used": 0, "users": {"total": 0}, "pairs_kept": 0})
+    assert empty == (
+        "mine kept 0 pairs from 0 events (0 used after 0 invalid rows and 0 double clicks); to get pairs: the logs "
+        "hold no valid event: check validate.feedback_logs and data/validated/report.md"
+    )

@@ -101,3 +101,32 @@ def test_merge_sources_counts_human_pairs_the_mine_stage_carried_as_human():
         ("s1", "selfplay"),
     ]
     assert merged[3]["origin"] == "logs"
+
+
+def test_why_a_prompt_gave_no_pair():
+    from tasks.selfplay import no_pair_reason
+
+    other = GOOD.replace("Step 1", "Step one")
+    assert selfplay_pairs(PROBLEM, [UNSAFE, BROKEN], [1.0, 0.0]) == []
+    assert no_pair_reason([UNSAFE, BROKEN], [1.0, 0.0]) == "no_usable_answer"
+    assert no_pair_reason([GOOD, other], [1.0, 1.0]) == "all_passed"
+    assert no_pair_reason([WRONG, WRONG.replace("sum", "total")], [0.0, 0.0]) == "all_failed"
+    assert no_pair_reason([GOOD, other], [0.5, 0.5]) == "equal_scores"
+    assert selfplay_pairs(PROBLEM, [GOOD, GOOD], [1.0, 0.0]) == []  # a flaky test: the same text scored twice
+    assert no_pair_reason([GOOD, GOOD], [1.0, 0.0]) == "same_text"
+
+
+def test_zero_selfplay_pairs_warns_with_the_reasons_counts_and_the_knobs():
+    from tasks.selfplay import no_selfplay_pairs_warning
+
+    cfg = SelfplayConfig()
+    stats = {"n_prompts": 16, "n_answers": 64, "n_selfplay_pairs": 0, "no_pair/no_usable_answer": 3}
+    stats |= {"no_pair/all_passed": 9, "no_pair/all_failed": 4, "no_pair/equal_scores": 0, "no_pair/same_text": 0}
+    assert no_selfplay_pairs_warning(stats, cfg, 0) == (
+        "self-play made 0 pairs from 16 prompts (no_usable_answer 3, all_passed 9, all_failed 4); DPO gets no pair "
+        "from any source; to get pairs: more prompts (selfplay.n_prompts = 16; 0 = every train problem); more answers "
+        "per prompt (selfplay.k = 4) or more varied ones (selfplay.temperature = 0.8); a longer answer budget "
+        "(selfplay.max_new_tokens = 320) if answers are cut off"
+    )
+    assert "DPO gets the 1158 mined and human pairs" in no_selfplay_pairs_warning(stats, cfg, 1158)
+    assert no_selfplay_pairs_warning({**stats, "n_selfplay_pairs": 2}, cfg, 2) is None

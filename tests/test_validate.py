@@ -22,6 +22,8 @@ from tasks.validate import (
     load_suite,
     normalise_prompt,
     prompt_hash,
+    quarantine_summary,
+    top_reasons,
     validate_feedback_logs,
     validate_pairs,
     validate_problems,
@@ -246,6 +248,47 @@ def test_clean_logs_pass_and_are_copied_verbatim(tmp_path):
     assert (tmp_path / "v.jsonl").read_bytes() == path.read_bytes()
     assert (tmp_path / "q.jsonl").read_text() == ""
     ensure_passed([report])  # does not raise
+
+
+def test_quarantine_summary_counts_top_reasons_and_paths(tmp_path):
+    """What the validate stage prints (issue 44: 8 of 208 rows quarantined with good reasons, and the console said
+    nothing): the count of the total, the rate against its threshold's key, the top reasons with their counts, the
+    quarantine file and the report."""
+    good = [json.dumps(log_event(i)) for i in range(200)]
+    bad = [json.dumps(log_event(200 + i, rating="meh")) for i in range(4)]
+    bad += [json.dumps(log_event(210, ts="yesterday")), json.dumps(log_event(211, ts="2024-02-30T10:00:00"))]
+    bad += ["{not json", "[1, 2]"]
+    path = write(tmp_path / "logs.jsonl", good + bad)
+    logs = validate_feedback_logs(path, tmp_path / "v.jsonl", tmp_path / "q.jsonl", max_bad_row_rate=0.05)
+    clean = tmp_path / "pairs.jsonl"
+    clean.write_text("")  # the optional human pairs, empty by default
+    pairs = validate_pairs(clean, tmp_path / "pv.jsonl", tmp_path / "pq.jsonl", max_bad_row_rate=0.05)
+    lines = quarantine_summary([logs, pairs], "data/validated/report.md")
+    assert lines == [
+        "feedback_logs: 8 of 208 rows quarantined (3.85%; the stage fails above validate.max_bad_row_rate_logs = "
+        "5.00%); top reasons: rating_in_set 4, ts_iso8601 2, valid_json 1 (+1 more); rows with their reasons: "
+        f"{tmp_path / 'q.jsonl'}; report: data/validated/report.md"
+    ]
+    assert top_reasons(logs, 10) == [("rating_in_set", 4), ("ts_iso8601", 2), ("valid_json", 1), ("json_object", 1)]
+    assert quarantine_summary([pairs], "r.md") == ["no row quarantined (0 preference_pairs rows); report: r.md"]
+
+
+def test_a_rate_over_its_threshold_names_its_key_once(tmp_path):
+    lines = [json.dumps(log_event(i)) for i in range(9)] + [json.dumps(log_event(9, rating="meh"))]
+    path = write(tmp_path / "logs.jsonl", lines)
+    report = validate_feedback_logs(path, tmp_path / "v.jsonl", tmp_path / "q.jsonl", max_bad_row_rate=0.05)
+    with pytest.raises(ValidationFailed) as info:
+        ensure_passed([report])
+    message = str(info.value)
+    assert message.splitlines()[0] == "validation failed for 1 of 1 dataset(s): feedback_logs"
+    assert (
+        "bad-row rate 10.00% (1 of 10 rows quarantined) exceeds the threshold 5.00%: fix the rows, or raise "
+        "validate.max_bad_row_rate_logs in params.yaml" in message
+    )
+    summary = quarantine_summary([report], "report.md")
+    assert summary[0].startswith("feedback_logs: 1 of 10 rows quarantined (10.00%, over its threshold); top reasons")
+    # the console shows the summary, then the failure: the key once in all
+    assert (message + "\n".join(summary)).count("validate.max_bad_row_rate_logs") == 1
 
 
 def test_bad_row_rate_above_threshold_raises(tmp_path):
