@@ -40,6 +40,7 @@ BENCHMARKS = {
     "bench_generation": [],
     "bench_sft_recipe": [],
     "bench_orchestration": [],
+    "bench_rl_update": ["--stages"],
 }
 HEADER = "| benchmark | command | same work | result | wall | commit, start |\n|---|---|---|---|---|---|\n"
 

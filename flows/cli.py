@@ -419,6 +419,35 @@ def plots(
     typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
 
 
+@app.command(short_help="Write the RL rollouts as an offline page: dvc_plots/rollouts.html.")
+def rollouts(
+    path: Path = typer.Argument(
+        Path("data/didpo/rollouts.jsonl"), help="The RL stage's rollouts (JSON Lines, one answer a line)."
+    ),
+    out: Path = typer.Option(Path("dvc_plots/rollouts.html"), help="The page to write."),
+    algo: str = typer.Option("", help="The algorithm that trained on them (default: params.yaml's didpo.algo)."),
+    params: Path = typer.Option(Path("params.yaml"), help="The params file (didpo.algo, reward.w_did, group_eps)."),
+) -> None:
+    """Write one HTML page (no network) of the RL rollouts: each group's answers with their tests and reason, every
+    code line coloured by the credit the update gave it (didpo: its DiD shaped reward; grpo/dapo: the group
+    advantage; rft: trained or not), the token advantage on hover, duplicates marked. The committed run's rollouts:
+    docs/results/default_run/data/didpo/rollouts.jsonl."""
+    from flows.rollouts_page import write_page
+    from tasks.config import ConfigError, load_params
+
+    try:
+        cfg = load_params(params).didpo
+    except ConfigError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    try:
+        page = write_page(path, out, algo or cfg.algo, cfg.reward.w_did, cfg.group_eps)
+    except (OSError, ValueError) as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{page} (offline; open it in a browser)")
+
+
 @app.command(short_help="Serve the MLflow and Prefect UIs until Ctrl-C.")
 def ui(
     mlflow_port: int = typer.Option(5000, help="MLflow UI's port on 127.0.0.1."),

@@ -22,6 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
+from models.config import ALGOS
 from models.sampling import extract_code
 
 
@@ -112,7 +113,7 @@ for (const card of data.cards) {
     for (const line of a.lines) {
       const span = document.createElement('span');
       span.className = 'line';
-      span.textContent = line.text + '\\n';
+      span.textContent = line.text;
       span.style.background = colour(line.credit);
       const hover = line.advantage === null ? '' : `, token advantage ${line.advantage.toFixed(4)}`;
       span.title = `credit ${line.credit.toFixed(4)}` + hover;
@@ -136,8 +137,8 @@ h1 { font-size: 18px; } h2 { font-size: 14px; margin: 4px 0; }
 .answer { min-width: 320px; max-width: 420px; border-top: 4px solid #bbb; }
 .answer.pass { border-top-color: #1a8f3c; } .answer.fail { border-top-color: #c62828; }
 .title { font-weight: 600; margin: 4px 0; }
-pre { font: 11px ui-monospace, monospace; white-space: pre-wrap; margin: 0; }
-.line { display: inline; }
+pre { font: 11px ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }
+.line { display: block; min-height: 1.2em; overflow-wrap: anywhere; }
 """
 
 
@@ -146,9 +147,11 @@ def write_page(rollouts_path: Path, out_path: Path, algo: str, w_did: float = 1.
 
     Raises:
         FileNotFoundError: no rollouts file (the message names the path and how to make one).
-        ValueError: an empty file or a malformed line (its number).
+        ValueError: an unknown `algo`, an empty file or a malformed line (its number).
     """
     rollouts_path, out_path = Path(rollouts_path), Path(out_path)
+    if algo not in ALGOS:
+        raise ValueError(f"unknown RL algorithm {algo!r}: one of {', '.join(ALGOS)}")
     if not rollouts_path.is_file():
         raise FileNotFoundError(f"no rollouts at {rollouts_path}: run the RL stage (didpo stage didpo) first")
     rows = []

@@ -424,7 +424,8 @@ class DiDPOConfig:
             corrected by truncated importance weights. An engine that cannot run here falls back to torch (said).
         kl_start_rows: rows of each step's batch on which the logged KL to the start policy is estimated when
             ``kl_coef`` is 0 (a seeded draw; the start policy's forward then costs k rows instead of the batch);
-            0 = every row. With ``kl_coef`` > 0 every row is scored (the objective needs it).
+            0 = every row. With ``kl_coef`` > 0 every row is scored (the objective needs it). rft (one process)
+            measures it on its first minibatch's rows instead, whose current-policy log-probs its forward gives.
         keep_steps: steps after which the policy is also kept as it is (``<out>/points/step_NNNN/``: the LoRA
             adapter, or the whole model), for a budget curve from one run; each in 1 .. ``steps``.
         is_cap: C of the truncated importance weights min(exp(logπ_trainer − logπ_engine), C) (vllm rollouts;

@@ -836,7 +836,8 @@ def ppo_losses(
         pg_loss = loss_share * pg_loss
         loss = loss + pg_loss
         stats.update(pg_stats)
-        entropy = entropy_from_logits(logits, mask)
+        # the entropy bonus needs its gradient; the logged entropy alone does not (no backward through (B, T, V))
+        entropy = entropy_from_logits(logits if cfg.ent_coef else logits.detach(), mask)
         if scale is not None:
             entropy = token_w * entropy
         stats["entropy"] = entropy.item()
@@ -873,7 +874,7 @@ def _rft_loss(per_token_logps, logits, mask, scale, token_share: float = 1.0):
 
     token_w = scale[0] if scale is not None else 1.0
     loss = -token_w * masked_mean(per_token_logps, mask)
-    entropy = token_w * entropy_from_logits(logits, mask)
+    entropy = token_w * entropy_from_logits(logits.detach(), mask)  # logged only
     return token_share * loss, {"pg_loss": loss.item(), "entropy": entropy.item()}
 
 
@@ -889,6 +890,7 @@ def ppo_update(
     policy: bool = True,
     dp=None,
     trainer=None,
+    first_minibatch: list | None = None,
 ) -> dict[str, float]:
     """``cfg.ppo_epochs`` passes over `batch` in shuffled minibatches of ``cfg.minibatch_size`` rollouts, one
     optimizer step each; stops as soon as a minibatch's approx_kl exceeds ``cfg.target_kl`` (> 0).
@@ -912,6 +914,8 @@ def ppo_update(
         policy: False = critic warm-up (value loss only, the backbone without gradients).
         dp: a `models.distributed.DataParallel`, or None (one process).
         trainer: with ``dp.world_size`` > 1, the trainer ``dp.prepare`` made of ``policy_and_value(model, value_head)``.
+        first_minibatch: a list (one process) that receives ``(rows, per_token_logps)`` of the first minibatch: its
+            rows of `batch` (b,) and their log-probs (b, T), detached, from the forward before any optimizer step.
 
     Returns:
         the minibatch-mean of every `ppo_losses` stat, plus ``updates`` (optimizer steps done) and
@@ -935,10 +939,13 @@ def ppo_update(
                 index = order[start : start + global_size].to(batch["completion_ids"].device)
                 optimizer.zero_grad(set_to_none=True)
                 if world == 1:
+                    keep = first_minibatch is not None and not first_minibatch
                     stats = _minibatch_backward(
-                        model, value_head, params, select_rows(batch, index), cfg, autocast, policy
+                        model, value_head, params, select_rows(batch, index), cfg, autocast, policy, keep
                     )
                     dropped += stats.pop("rows_dropped")
+                    if keep:
+                        first_minibatch.append((index, stats.pop("per_token_logps")))
                 else:
                     stats = _data_parallel_backward(trainer, value_head, batch, index, cfg, autocast, policy, dp)
                 stats["grad_norm"] = clip_grad_norm(params, cfg.max_grad_norm or math.inf)
@@ -957,7 +964,9 @@ def ppo_update(
     return {**{k: v / updates for k, v in sums.items()}, "updates": float(updates), "rows_zero_advantage": dropped}
 
 
-def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOConfig, autocast, policy: bool):
+def _minibatch_backward(
+    model, value_head, params, minibatch: dict, cfg: DiDPOConfig, autocast, policy: bool, keep_logps: bool = False
+):
     """Forward and backward of one minibatch (one process), computing only what changes the loss: identical rows
     once with their multiplicity (`merge_duplicates`), and, when the loss is the clipped surrogate alone
     (critic-free grpo/dapo/didpo, β = 0, no entropy bonus), without the rows whose every advantage is 0 (a group
@@ -965,10 +974,11 @@ def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOCo
     share of the minibatch's tokens (sequences for grpo) is the minibatch's loss, and the gradient is the same.
     When no row is left, the gradient is exactly 0 (set as zeros, so that AdamW steps as it would on it) and the
     stats are ``pg_loss`` and ``loss`` 0 alone. Returns `ppo_losses`'s stats (means over the rows computed), ``loss``
-    (the minibatch's total loss) and ``rows_dropped`` (the zero-advantage rows, with multiplicity)."""
+    (the minibatch's total loss) and ``rows_dropped`` (the zero-advantage rows, with multiplicity); with
+    `keep_logps` (rft, which drops nothing) also ``per_token_logps``, (B, T) detached, for the given rows."""
     import torch
 
-    minibatch, _ = merge_duplicates(minibatch)
+    minibatch, inverse = merge_duplicates(minibatch)
     share, dropped = (1.0, 1.0), 0.0
     droppable = policy and cfg.algo != "rft" and not cfg.uses_critic and not cfg.kl_coef and not cfg.ent_coef
     if droppable:
@@ -988,6 +998,8 @@ def _minibatch_backward(model, value_head, params, minibatch: dict, cfg: DiDPOCo
     )
     loss, stats = ppo_losses(logps, logits, values, minibatch, cfg, policy, share=share)
     loss.backward()
+    if keep_logps:
+        stats["per_token_logps"] = logps.detach()[inverse]
     return {**stats, "loss": loss.item(), "rows_dropped": dropped}
 
 
@@ -1084,7 +1096,7 @@ def update_policy(
     import torch
 
     from models.distributed import data_parallel
-    from models.rl_losses import kl_k3, masked_mean
+    from models.rl_losses import kl_k3
 
     device = params[0].device
     dp = dp if dp is not None else data_parallel(str(device))
@@ -1094,45 +1106,30 @@ def update_policy(
     mask = batch["completion_mask"]
     n = mask.shape[0]
     chunk = cfg.minibatch_size * dp.world_size
-    # only the passes whose results something reads: the current policy's log-probs (the ratio's old
-    # side, the critic's values) for every row but in rft, the start policy's where the loss or the
-    # rewards need β·KL, else on `kl_start_rows` rows for the logged KL to start
-    kl_rows = kl_sample_rows(n, cfg, step).to(device)
-    old_rows = kl_rows if cfg.algo == "rft" else torch.arange(n, device=device)
-    with dp.full_params(trainer):
-        old_values, logps = no_grad_logps(
-            model, select_rows(batch, old_rows), value_head, autocast, chunk, cfg.temperature
-        )
-        with start_policy() as start_model:
-            _, ref_logps = no_grad_logps(
-                start_model, select_rows(batch, kl_rows), None, autocast, chunk, cfg.temperature
-            )
-    # drift and health, on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged)
-    position = torch.full((n,), -1, dtype=torch.long, device=device)
-    position[old_rows] = torch.arange(len(old_rows), device=device)
-    metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps[position[kl_rows]], ref_logps), mask[kl_rows]))
-    metrics["didpo/kl_start_rows"] = float(len(kl_rows))
     metrics["didpo/duplicate_rows"] = float(
         n - len(merge_duplicates(batch, ["prompt_index", "completion_ids"])[1].unique())
     )
-    sampler_logps, old_mask = batch["old_per_token_logps"][old_rows], mask[old_rows]
-    known = old_mask * torch.isfinite(sampler_logps)  # an engine may not report log-probs (NaN)
-    if known.sum() > 0:
-        gap = (logps - sampler_logps).abs().nan_to_num(0.0)
-        metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
-    scored = [rollouts[int(i)] for i in old_rows]
-    totals = [r.completion.sequence_logp for r in scored]
-    if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
-        ours = (logps * old_mask).sum(-1)
-        per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
-                     for a, b, r in zip(ours, totals, scored, strict=True)]  # fmt: skip
-        metrics["didpo/seq_logprob_diff"] = _mean(per_token)
-    if engine_sampled:  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
-        is_weights, capped = truncated_is_weights(logps, sampler_logps, cfg.is_cap)
-        if cfg.algo != "rft":  # rft's loss reads neither
+    # Only the passes whose results something reads. The current policy's log-probs: for every row before the update
+    # (the ratio's old side, the engine's importance weights, the critic's values), except in rft, whose loss reads
+    # none: its first minibatch's forward (before any optimizer step) gives them for the drift metrics. The start
+    # policy's: on every row where β·KL enters the loss or the rewards, else on a few rows for the logged KL.
+    first_forward = cfg.algo == "rft" and dp.world_size == 1
+    old_values, logps, ref_logps = None, None, None
+    if not first_forward:
+        kl_rows = kl_sample_rows(n, cfg, step).to(device)
+        old_rows = kl_rows if cfg.algo == "rft" else torch.arange(n, device=device)
+        with dp.full_params(trainer):
+            old_values, logps = no_grad_logps(
+                model, select_rows(batch, old_rows), value_head, autocast, chunk, cfg.temperature
+            )
+            with start_policy() as start_model:
+                _, ref_logps = no_grad_logps(
+                    start_model, select_rows(batch, kl_rows), None, autocast, chunk, cfg.temperature
+                )
+        drift, is_weights = _drift_metrics(batch, rollouts, old_rows, logps, kl_rows, ref_logps, engine_sampled, cfg)
+        metrics.update(drift)
+        if engine_sampled and cfg.algo != "rft":  # the engine's log-probs are not the trainer's: TIS (TRL, verl)
             batch.update(old_per_token_logps=logps, is_weights=is_weights * mask)
-        metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, old_mask))
-        metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), old_mask))
     if cfg.uses_critic:
         rewards = token_reward_matrix(rollouts, mask.shape[1], cfg.reward.w_did).to(device)
         if cfg.kl_coef:
@@ -1155,9 +1152,54 @@ def update_policy(
         if cfg.kl_coef and cfg.algo != "rft":
             batch["ref_per_token_logps"] = ref_logps  # every row (`kl_sample_rows`)
     warmup = cfg.uses_critic and step < cfg.critic_warmup_steps
-    stats = ppo_update(model, value_head, optimizer, params, batch, cfg, generator, autocast, not warmup, dp, trainer)
+    first: list = []
+    stats = ppo_update(
+        model, value_head, optimizer, params, batch, cfg, generator, autocast, not warmup, dp, trainer,
+        first_minibatch=first if first_forward else None,
+    )  # fmt: skip
     metrics.update({f"didpo/{k}": v for k, v in stats.items()})
+    if first_forward:  # the start policy's weights did not move: its pass may follow the update
+        rows, logps = first[0]
+        with start_policy() as start_model:
+            _, ref_logps = no_grad_logps(start_model, select_rows(batch, rows), None, autocast, chunk, cfg.temperature)
+        metrics.update(_drift_metrics(batch, rollouts, rows, logps, rows, ref_logps, engine_sampled, cfg)[0])
     return metrics
+
+
+def _drift_metrics(batch, rollouts, old_rows, logps, kl_rows, ref_logps, engine_sampled: bool, cfg: DiDPOConfig):
+    """Drift and health on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged):
+    ``kl_start`` (k3 on `kl_rows`, whose start-policy log-probs are `ref_logps`), ``kl_start_rows``,
+    ``logprob_diff`` / ``seq_logprob_diff`` (sampler against trainer) and, for engine rollouts, the truncated
+    importance weights' mean and capped fraction, on `old_rows` (whose current-policy log-probs are `logps`;
+    `kl_rows` ⊆ `old_rows`). Returns ``(metrics, is_weights (len(old_rows), T) or None)``."""
+    import torch
+
+    from models.rl_losses import kl_k3, masked_mean
+
+    mask = batch["completion_mask"]
+    metrics: dict[str, float] = {}
+    position = torch.full((mask.shape[0],), -1, dtype=torch.long, device=mask.device)
+    position[old_rows] = torch.arange(len(old_rows), device=mask.device)
+    metrics["didpo/kl_start"] = float(masked_mean(kl_k3(logps[position[kl_rows]], ref_logps), mask[kl_rows]))
+    metrics["didpo/kl_start_rows"] = float(len(kl_rows))
+    sampler_logps, old_mask = batch["old_per_token_logps"][old_rows], mask[old_rows]
+    known = old_mask * torch.isfinite(sampler_logps)  # an engine may not report log-probs (NaN)
+    if known.sum() > 0:
+        gap = (logps - sampler_logps).abs().nan_to_num(0.0)
+        metrics["didpo/logprob_diff"] = float(masked_mean(gap, known))
+    scored = [rollouts[int(i)] for i in old_rows]
+    totals = [r.completion.sequence_logp for r in scored]
+    if all(t is not None for t in totals):  # only the engine's sum is known: the per-token mean of its gap
+        ours = (logps * old_mask).sum(-1)
+        per_token = [abs(float(a) - b) / max(len(r.completion.completion_ids), 1)
+                     for a, b, r in zip(ours, totals, scored, strict=True)]  # fmt: skip
+        metrics["didpo/seq_logprob_diff"] = _mean(per_token)
+    is_weights = None
+    if engine_sampled:
+        is_weights, capped = truncated_is_weights(logps, sampler_logps, cfg.is_cap)
+        metrics["didpo/is_weight_mean"] = float(masked_mean(is_weights, old_mask))
+        metrics["didpo/is_capped_frac"] = float(masked_mean(capped.to(mask.dtype), old_mask))
+    return metrics, is_weights
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -1339,7 +1381,7 @@ def train_didpo(
             or None (the torch sampler). Before each step's rollouts the policy's weights are loaded into it
             (``load_weights``); the update then takes the trainer's forward as the old
             log-probs and weighs each token by min(exp(logπ_trainer − logπ_engine), ``cfg.is_cap``). The screen
-            samples with it too, before its first weight sync (it then holds the start weights).
+            samples with it too, its weights synced from the new (start) policy first.
         pool_cache: a folder of screens by `pool_cache_key` (``<key>.json``): a screen found there is read, not
             sampled again (an arm from the same start, on the same problems, with the same screen settings); a new
             one is written there. None = screen every run.
@@ -1439,7 +1481,9 @@ def train_didpo(
         if cached is not None and cached.is_file():
             pool, pool_from_cache = PromptPool.from_state(json.loads(cached.read_text())), True
         else:
-            screen_engine = engine if dp.world_size == 1 else None  # one process: the engine holds the start
+            screen_engine = engine if dp.world_size == 1 else None
+            if screen_engine is not None:  # no step has run yet: the adapters are new (LoRA B = 0), the start policy
+                screen_engine.load_weights(model)  # (a run that started over may have left another's weights there)
             with dp.full_params(trainer), start_policy() as screener:
                 pool = screen_prompt_pool(screener, tokenizer, problems, cfg, verifier, screen_engine)
             if cached is not None and dp.is_main:

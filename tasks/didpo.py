@@ -18,6 +18,10 @@ from tasks.tracking import mlflow_emit
 # times): the message names the key to raise, so the stage stops with it as one line (tests/test_inputs.py).
 EMPTY_POOL = "no informative problem"
 
+# Screens of the start policy by their key (`models.didpo.pool_cache_key`): RL arms from the same start weights and
+# problems (an ablation, a budget curve) screen once.
+POOL_CACHE = Path(".cache/rl_pool")
+
 
 def copy_file(source: Path, target: Path) -> None:
     """Copy `source` to `target` atomically (a temporary sibling, then a rename), creating parent folders."""
@@ -96,7 +100,9 @@ def run_didpo(
         if not engines:
             engines.append(rollout_engine(cfg, policy, tokenizer))
         engine = engines[0]
-        return train_didpo(model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine)
+        return train_didpo(
+            model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine, pool_cache=POOL_CACHE
+        )
 
     try:
         result = resume_or_start_over(attempt)

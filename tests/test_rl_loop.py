@@ -730,18 +730,21 @@ def test_all_equal_outcomes_give_zero_advantages_whatever_the_gaps():
     assert torch.equal(advantages, torch.zeros_like(mask))
 
 
-def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_positive_learning_rate(tmp_path):
+@pytest.mark.parametrize("algo", ["didpo", "rft"])
+def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_positive_learning_rate(tmp_path, algo):
     """KL(π_θ ‖ π_start) (k3, on each step's own samples, before its update) is logged every step: 0 before any
     update, > 0 once the policy moved; with learning rate 0 it stays 0. The sampler/forward log-prob gap stays at
-    floating-point noise (both at T = 0.7)."""
+    floating-point noise (both at T = 0.7). rft takes the current policy's side from its first minibatch's forward
+    (no pass of its own): the same figures hold."""
     kl = {}
     for lr in (1e-2, 0.0):
-        cfg = DiDPOConfig(**dict(BASE, steps=3, learning_rate=lr))
+        cfg = DiDPOConfig(**dict(BASE, algo=algo, steps=3, learning_rate=lr))
         model, tok = build_tiny_causal_lm(0)
         result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path / str(lr))
         kl[lr] = [h["didpo/kl_start"] for h in result.history]
         assert max(h["didpo/logprob_diff"] for h in result.history) < 1e-4
-        assert all("didpo/entropy" in h and "didpo/clip_frac/high" in h for h in result.history)
+        clip = "didpo/clip_frac/high" if algo != "rft" else "didpo/pg_loss"  # rft's loss is the NLL: no clipping
+        assert all("didpo/entropy" in h and clip in h for h in result.history)
     assert kl[1e-2][0] == 0.0 and kl[1e-2][2] > 1e-5
     assert kl[0.0] == [0.0, 0.0, 0.0]
 

@@ -68,6 +68,8 @@ def test_grpo_and_rft_credit():
 
 
 def test_bad_input_is_named(tmp_path):
+    with pytest.raises(ValueError, match="unknown RL algorithm 'ppo'"):
+        write_page(COMMITTED, tmp_path / "page.html", "ppo")
     with pytest.raises(FileNotFoundError, match="run the RL stage"):
         write_page(tmp_path / "none.jsonl", tmp_path / "page.html", "rft")
     (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
