@@ -32,6 +32,7 @@ from models.lora import apply_lora
 from models.policy import build_tiny_causal_lm
 from models.sampling import Completion
 from models.training import native_bf16
+from tests.test_rl_loop import one_thread  # noqa: F401 (autouse: 1 thread)
 
 CFG = dict(
     group_size=4,
@@ -40,14 +41,6 @@ CFG = dict(
     rollout_engine="torch",
     reward=ProcessRewardConfig(overlong_max=0, overlong_cache=0),
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def lora_model(seed: int = 0):
