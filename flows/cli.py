@@ -394,7 +394,7 @@ def plots(
 ) -> None:
     """Render every dvc.yaml plot offline: dvc_plots/index.html (opens from disk) and one PNG per plot."""
     setup_environment()
-    from flows.plots import OUT, dvc_plot_specs, render, unknown_revisions
+    from flows.plots import OUT, drawable, dvc_plot_specs, render, unknown_revisions, workspace_context
 
     unknown = unknown_revisions(revisions or [])
     if unknown:
@@ -410,12 +410,14 @@ def plots(
     except RuntimeError as exc:  # DVC's own error, its last line
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(1) from None
-    for problem in problems:
+    context = workspace_context(files=not revisions)  # the workspace drawn: its RL algorithm names the series
+    specs, small = drawable(specs, context)
+    for problem in [*problems, *small]:
         typer.secho(f"not drawn: {problem}", fg="yellow", err=True)
     if not specs:
         typer.secho("no plot could be drawn (run the stages first: make run)", fg="red", err=True)
         raise typer.Exit(1)
-    page = render(specs)
+    page = render(specs, context=context)
     typer.echo(f"{len(specs)} plots: {page} (offline) and {OUT}/*.png")
 
 

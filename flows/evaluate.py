@@ -65,6 +65,7 @@ from tasks.evaluate import (
     resolve_engine,
     rl_claim,
     select_problems,
+    too_small,
 )
 from tasks.io import write_json, write_lines
 from tasks.registry import download_champion
@@ -150,7 +151,11 @@ def run(params_path: str = "params.yaml") -> dict:
         wanted = [str(CHECKPOINTS[name]) for name in cfg.checkpoints]
         raise FileNotFoundError(f"no checkpoint to evaluate: none of {wanted} (evaluate.checkpoints) exists")
     inputs = (str(VALID_PROBLEMS), *map(str, checkpoints.values()))
-    with tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs), tempfile.TemporaryDirectory() as tmp:
+    algo = params.didpo.algo if "didpo" in checkpoints else None  # the RL checkpoint's algorithm, in names
+    with (
+        tracking.stage_run("evaluate", params.tracking, cfg, inputs=inputs, algo=algo),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         problems = select_problems(VALID_PROBLEMS, cfg, selection_prefix(params))
         engine = resolve_engine(cfg)
         protocol = protocol_record(cfg, problems, engine)
@@ -193,15 +198,18 @@ def run(params_path: str = "params.yaml") -> dict:
         write_json(
             {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, EVAL_PER_PROBLEM
         )
-        write_lines([comparison_markdown(metrics) + "\n" + deltas_markdown(deltas).rstrip("\n")], EVAL_REPORT)
+        for reason in too_small(metrics).values():
+            log.warning(reason)
+        report = comparison_markdown(metrics, algo) + "\n" + deltas_markdown(deltas, algo).rstrip("\n")
+        write_lines([report], EVAL_REPORT)
         for split in SPLITS:
             write_json({"passk": passk_rows(metrics, split, list(CHECKPOINTS))}, EVALUATE / f"passk_{split}.json")
-        plot_passk(metrics, EVAL_FIGURES / "passk.png")
+        plot_passk(metrics, EVAL_FIGURES / "passk.png", algo)
         for stage, path in HISTORIES.items():
             if path.is_file():
                 plot_history(read_history(path), f"{stage} training", EVAL_FIGURES / f"training_{stage}.png")
         tracking.mlflow_emit(flat_metrics(metrics), step=0)
-        tracking.log_table(comparison_table(metrics), artifact_file="evaluate/comparison.json")
+        tracking.log_table(comparison_table(metrics, algo), artifact_file="evaluate/comparison.json")
         tracking.log_artifacts(
             EVAL_METRICS,
             EVAL_DELTAS,

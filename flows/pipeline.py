@@ -285,7 +285,9 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
     order = [s for s in stage_order() if stages is None or s in stages]
     started = time.monotonic()
     try:
-        with pipeline_run(load_params(params_path).tracking) as run_id:  # a raised StageFailed marks it FAILED
+        params = load_params(params_path)
+        algo = params.didpo.algo if {"didpo", "evaluate"} & set(order) else None  # in the run's name
+        with pipeline_run(params.tracking, algo=algo) as run_id:  # a raised StageFailed marks it FAILED
             logger = get_run_logger()
             logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
             ran = {}

@@ -50,9 +50,16 @@ def run(params_path: str = "params.yaml") -> dict:
             "version can be tested against it"
         )
     path = present_checkpoints()[candidate]
-    with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path))):
+    algo = params.didpo.algo if candidate == "didpo" else None  # the RL checkpoint: named by its algorithm
+    with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path)), algo=algo):
         result = register_and_decide(
-            path, evidence[candidate], evidence[incumbent], cfg, params.base_model.dtype, params.base_model.name_or_path
+            path,
+            evidence[candidate],
+            evidence[incumbent],
+            cfg,
+            params.base_model.dtype,
+            params.base_model.name_or_path,
+            algo=algo,
         )
         decision = result.as_dict()
         write_json(decision, REGISTER_DECISION)

@@ -17,6 +17,11 @@ Metric keys of one (checkpoint, split), in data/evaluate/metrics.json as ``{chec
 
 A value that cannot be measured (e.g. recovery when no clean continuation passes) is ``null``.
 
+**What is drawn and tabled**: a split of fewer than `MIN_PROBLEMS` problems is measured and kept in metrics.json,
+deltas.json and per_problem.json, but neither drawn (the pass@k plot data, the PNG) nor tabled (report.md, the
+MLflow table and metrics): the stage says so once, naming the key that sizes the split (`SPLIT_SIZE_KEYS`). The
+RL checkpoint is shown as ``RL (<algo>)`` (`checkpoint_label`): the stage is "didpo" whatever ``didpo.algo`` is.
+
 **The evaluation protocol is data** (:func:`protocol_record`): which problems of each split (val: ``val_per_family``
 problems of every family, from the val problems after the ones the gate, SFT's held-out loss, DPO's smoke check and
 the baseline use), answers per problem, temperature, top-p, token budget and seed, with an id (a digest of all of it).
@@ -39,6 +44,18 @@ from prefect.cache_policies import NO_CACHE
 from tasks.config import KS, EvaluateConfig
 
 SPLITS = ("val", "test", "heldout", "humaneval")
+# The fewest problems a split's figures are drawn or tabled with. With n problems a pass@1 moves in steps of
+# 1 / (n × answers), and when none passes its 95% upper bound (Clopper–Pearson, 1 − 0.025^(1/n)) is 0.975 at
+# n = 1 and still 0.369 at n = 8: below 8 a figure says nothing, whatever it is (the registry's non-inferiority
+# test has the same floor, tasks.registry.NI_MIN_PROBLEMS).
+MIN_PROBLEMS = 8
+SPLIT_SIZE_KEYS = {  # the params.yaml key that sets how many problems of each split are measured
+    "val": "evaluate.val_per_family",
+    "test": "evaluate.test_problems",
+    "heldout": "evaluate.heldout_per_family",
+    "humaneval": "evaluate.humaneval_problems",
+}
+CHECKPOINT_LABELS = {"base": "base", "sft": "SFT", "dpo": "DPO", "champion": "champion"}
 TABLE_COLUMNS = (
     "pass@1",
     "pass@2",
@@ -305,12 +322,50 @@ def evaluate_once(key: str, cache_dir: Path, samples_dir: Path, compute) -> tupl
 # ----------------------------------------------------------------------------------------------------- reports
 
 
+def checkpoint_label(name: str, algo: str | None = None) -> str:
+    """How a checkpoint is named in plots and tables: ``base``, ``SFT``, ``DPO``, ``champion``, and the RL stage's
+    checkpoint (``didpo``, whatever the algorithm) as ``RL (<algo>)`` (``RL`` when the algorithm is not known);
+    another name as it is."""
+    if name == "didpo":
+        return f"RL ({algo})" if algo else "RL"
+    return CHECKPOINT_LABELS.get(name, name)
+
+
+def split_problems(metrics: dict, split: str) -> int:
+    """How many problems `split` was measured on (the most any checkpoint of `metrics` has: one protocol, so all
+    have the same); 0 when no checkpoint has the split."""
+    return max(
+        (int(m[split].get("n_problems") or 0) for m in metrics.values() if isinstance(m.get(split), dict)), default=0
+    )
+
+
+def shown(n_problems: int) -> bool:
+    """Whether a split of `n_problems` problems is drawn and tabled (at least `MIN_PROBLEMS`)."""
+    return n_problems >= MIN_PROBLEMS
+
+
+def too_small(metrics: dict) -> dict[str, str]:
+    """``{split: why it is neither drawn nor tabled}`` for every measured split under `MIN_PROBLEMS` problems
+    (e.g. ``"test: 1 problem (fewer than 8): measured, not drawn or tabled; raise evaluate.test_problems"``)."""
+    out = {}
+    for split in SPLITS:
+        n = split_problems(metrics, split)
+        if 0 < n < MIN_PROBLEMS:
+            out[split] = (
+                f"{split}: {n} problem{'s' if n != 1 else ''} (fewer than {MIN_PROBLEMS}): measured, not drawn or "
+                f"tabled; raise {SPLIT_SIZE_KEYS[split]}"
+            )
+    return out
+
+
 def _fmt(value) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def comparison_markdown(metrics: dict) -> str:
-    """The comparison table: one Markdown table per split, one row per checkpoint, `TABLE_COLUMNS` columns."""
+def comparison_markdown(metrics: dict, algo: str | None = None) -> str:
+    """The comparison table: one Markdown table per split of at least `MIN_PROBLEMS` problems, one row per
+    checkpoint (`checkpoint_label`, ``algo``: ``didpo.algo``), `TABLE_COLUMNS` columns; a smaller split is named
+    with the reason (`too_small`)."""
     out = ["# Evaluation: checkpoints side by side", ""]
     out.append(
         "pass@k: unbiased estimator (Chen et al. 2021) from n samples per problem; format/unsafe: share of answers; "
@@ -318,28 +373,34 @@ def comparison_markdown(metrics: dict) -> str:
         "to the reference (sloc, cyclomatic complexity via radon); consistency: agreement of sampled next lines at "
         "reference prefixes; recovery: pass rate from corrupted prefixes / from clean ones. – = not measurable."
     )
+    small = too_small(metrics)
     for split in SPLITS:
         rows = [(name, m[split]) for name, m in metrics.items() if split in m and m[split].get("n_problems")]
-        if not rows:
+        if not rows or split in small:
             continue
         first = rows[0][1]
         out += ["", f"## {split} (problems: {first['n_problems']}, samples per problem: {first['n_samples']})", ""]
         out.append("| checkpoint | " + " | ".join(TABLE_COLUMNS) + " |")
         out.append("|---|" + "---:|" * len(TABLE_COLUMNS))
         for name, m in rows:
-            out.append(f"| {name} | " + " | ".join(_fmt(m.get(c)) for c in TABLE_COLUMNS) + " |")
+            cells = " | ".join(_fmt(m.get(c)) for c in TABLE_COLUMNS)
+            out.append(f"| {checkpoint_label(name, algo)} | {cells} |")
+    if small:
+        out += ["", "Not tabled: " + "; ".join(small.values()) + " (its figures are in metrics.json)."]
     return "\n".join(out) + "\n"
 
 
-def comparison_table(metrics: dict) -> dict[str, list]:
-    """The comparison as columns (``checkpoint``, ``split``, then `TABLE_COLUMNS`), for ``mlflow.log_table``."""
+def comparison_table(metrics: dict, algo: str | None = None) -> dict[str, list]:
+    """The comparison as columns (``checkpoint``: `checkpoint_label`, ``split``, then `TABLE_COLUMNS`), for
+    ``mlflow.log_table``; splits of fewer than `MIN_PROBLEMS` problems are left out."""
     table: dict[str, list] = {"checkpoint": [], "split": [], **{c: [] for c in TABLE_COLUMNS}}
+    small = too_small(metrics)
     for name, per_split in metrics.items():
         for split in SPLITS:
             m = per_split.get(split)
-            if not m or not m.get("n_problems"):
+            if not m or not m.get("n_problems") or split in small:
                 continue
-            table["checkpoint"].append(name)
+            table["checkpoint"].append(checkpoint_label(name, algo))
             table["split"].append(split)
             for c in TABLE_COLUMNS:
                 table[c].append(m.get(c))
@@ -460,8 +521,10 @@ def rl_claim(
     }
 
 
-def deltas_markdown(deltas: dict) -> str:
-    """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, p, MDE, problems)."""
+def deltas_markdown(deltas: dict, algo: str | None = None) -> str:
+    """The `pass1_deltas` result as one Markdown table (pair, split, Δ pass@1, interval, p, MDE, problems); a split
+    of fewer than `MIN_PROBLEMS` problems is not a row (its interval spans most of [−1, 1]), it is named below.
+    Checkpoints by `checkpoint_label` (``algo``: ``didpo.algo``)."""
     out = [
         "## pass@1 change between consecutive checkpoints, and against the base model",
         "",
@@ -473,27 +536,42 @@ def deltas_markdown(deltas: dict) -> str:
         "| change | split | Δ pass@1 | 95% interval | p (one-sided) | MDE | problems (changed) |",
         "|---|---|---:|---|---:|---:|---:|",
     ]
+    small: dict[str, int] = {}
     for pair, per_split in deltas.items():
+        before, after = (checkpoint_label(name, algo) for name in pair.split("_to_", 1))
         for split, d in per_split.items():
+            if not shown(d["n_problems"]):
+                small[split] = d["n_problems"]
+                continue
             mde = "–" if d["mde"] is None else f"{d['mde']:.3f}"
             interval = f"[{d['low']:+.3f}, {d['high']:+.3f}]"
             out.append(
-                f"| {pair.replace('_to_', ' → ')} | {split} | {d['delta']:+.3f} | {interval} | {d['p_value']:.4f} | "
+                f"| {before} → {after} | {split} | {d['delta']:+.3f} | {interval} | {d['p_value']:.4f} | "
                 f"{mde} | {d['n_problems']} ({d['n_discordant']}) |"
             )
+    if small:
+        named = "; ".join(f"{split} ({n} problem{'s' if n != 1 else ''})" for split, n in small.items())
+        out += ["", f"Not tabled, fewer than {MIN_PROBLEMS} problems: {named} (their changes are in deltas.json)."]
     return "\n".join(out) + "\n"
 
 
 def passk_rows(metrics: dict, split: str, checkpoints: Sequence[str]) -> list[dict]:
-    """DVC plot rows of one split: ``[{"k": k, <checkpoint>: pass@k or None, ...}]`` for every k of `KS`; every
-    checkpoint of `checkpoints` is a key (None when absent), since DVC refuses a declared y field that is missing."""
-    return [
-        {"k": k, **{name: metrics.get(name, {}).get(split, {}).get(f"pass@{k}") for name in checkpoints}} for k in KS
-    ]  # a k without figures stays, as None: DVC's plot needs the same rows whatever n_samples is
+    """DVC plot rows of one split: ``[{"k": k, <checkpoint>: pass@k or None, ..., "n_problems": n}]`` for every k of
+    `KS`; every checkpoint of `checkpoints` is a key (None when absent), since DVC refuses a declared y field that is
+    missing. A split of fewer than `MIN_PROBLEMS` problems has None everywhere (nothing to draw; ``n_problems`` says
+    why)."""
+    n = split_problems(metrics, split)
+
+    def value(name: str, k: int):
+        return metrics.get(name, {}).get(split, {}).get(f"pass@{k}") if shown(n) else None
+
+    # a k without figures stays, as None: DVC's plot needs the same rows whatever n_samples is
+    return [{"k": k, **{name: value(name, k) for name in checkpoints}, "n_problems": n} for k in KS]
 
 
-def plot_passk(metrics: dict, path: Path) -> None:
-    """PNG: pass@k against k, one panel per split, one line per checkpoint."""
+def plot_passk(metrics: dict, path: Path, algo: str | None = None) -> None:
+    """PNG: pass@k against k, one panel per split, one line per checkpoint (`checkpoint_label`, ``algo``:
+    ``didpo.algo``); a split of fewer than `MIN_PROBLEMS` problems gets an empty panel that says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -501,16 +579,24 @@ def plot_passk(metrics: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(SPLITS), figsize=(4.2 * len(SPLITS), 3.6), sharey=True)
     for ax, split in zip(axes, SPLITS, strict=True):
+        n = split_problems(metrics, split)
+        if not shown(n):
+            ax.text(0.5, 0.5, f"{n} problems\n(fewer than {MIN_PROBLEMS}):\nnot drawn", ha="center", va="center")
+            ax.set(title=split, xticks=[])
+            continue
         for name, per_split in metrics.items():
             m = per_split.get(split, {})
             ks = [k for k in KS if m.get(f"pass@{k}") is not None]
             if ks:
-                ax.plot(ks, [m[f"pass@{k}"] for k in ks], marker="o", label=name)
-        ax.set(title=split, xlabel="k", xscale="log", xticks=list(KS), xticklabels=[str(k) for k in KS])
+                ax.plot(ks, [m[f"pass@{k}"] for k in ks], marker="o", label=checkpoint_label(name, algo))
+        ax.set(title=f"{split} ({n} problems)", xlabel="k", xscale="log", xticks=list(KS))
+        ax.set_xticklabels([str(k) for k in KS])
+        ax.minorticks_off()
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     axes[0].set_ylabel("pass@k")
-    axes[0].legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -558,12 +644,16 @@ def read_history(path: Path) -> list[dict]:
 
 
 def flat_metrics(metrics: dict, prefix: str = "eval") -> dict[str, float]:
-    """``{"eval/<checkpoint>/<split>/<key>": value}`` for every numeric value (None dropped), for MLflow."""
+    """``{"eval/<checkpoint>/<split>/<key>": value}`` for every numeric value (None dropped), for MLflow; of a split
+    of fewer than `MIN_PROBLEMS` problems only ``n_problems`` (MLflow charts every metric it is given)."""
+    small = too_small(metrics)
     flat = {}
     for name, per_split in metrics.items():
         for split, m in per_split.items():
             if isinstance(m, dict):
                 for key, value in m.items():
+                    if split in small and key != "n_problems":
+                        continue
                     if isinstance(value, int | float) and not isinstance(value, bool):
                         flat[f"{prefix}/{name}/{split}/{key}"] = float(value)
             elif isinstance(m, int | float):

@@ -18,15 +18,16 @@ gives a chat pipeline (or the components) anywhere, with no project files. The p
 per version (≈ 540 MB for the float32 135M embedded default).
 
 Aliases: every new version becomes ``challenger``; it becomes ``champion`` only when `promotion_decision` says so.
-Each version carries tags ``didpo.metrics`` (its evaluation metrics as JSON, for people), ``didpo.protocol`` (the
-evaluation protocol id), ``didpo.test`` (the paired test: p, effect, interval, n, MDE), ``didpo.checkpoint``,
-``didpo.decision`` and ``didpo.reasons``; a promoted version also carries
-``didpo.previous_champion`` (the version it replaced, "" for the first), which `rollback_champion` follows.
+Each version carries tags a person reads in the registry's version list (`version_tags`: short plain values, no
+JSON): ``didpo.checkpoint`` (and ``didpo.algo`` for the RL checkpoint), ``didpo.decision``, ``didpo.test`` (the
+paired test in one line: Δ, interval, p, n, MDE), one tag per metric the decision used (``didpo.val/pass_at_1``:
+``0.4091 (88 problems)``), ``didpo.protocol`` (the evaluation protocol id) and ``didpo.reasons``; a promoted version
+also carries ``didpo.previous_champion`` (the version it replaced, "" for the first), which `rollback_champion`
+follows. Every figure in full is in the register run's decision.json and the evaluate run's metrics.json.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -42,7 +43,6 @@ CHALLENGER = "challenger"
 CANDIDATES = ("sft", "dpo", "didpo")  # this run's trained checkpoints, pipeline order (ties go to the earlier)
 NI_MIN_PROBLEMS = 8  # below this a non-inferiority test cannot pass: the secondary is reported, not tested
 PIP_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
-TAG_METRICS = "didpo.metrics"
 TAG_PROTOCOL = "didpo.protocol"
 TAG_PREVIOUS = "didpo.previous_champion"
 
@@ -179,6 +179,49 @@ def flatten(per_split: dict) -> dict[str, float | None]:
     return {f"{split}/{k}": v for split, m in per_split.items() if isinstance(m, dict) for k, v in m.items()}
 
 
+def _p(value: float) -> str:
+    return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
+
+
+def paired_summary(test: dict) -> str:
+    """A paired test (`models.significance.PairedTest` as a dict) in one line, e.g. ``Δ +0.3000 [+0.1952, +0.4048],
+    p 6.1e-05, n 20 (14 changed), MDE 0.1234``."""
+    mde = test.get("mde")
+    mde = "–" if mde is None or mde != mde else f"{mde:.4f}"  # NaN below 2 problems
+    return (
+        f"Δ {test['effect']:+.4f} [{test['low']:+.4f}, {test['high']:+.4f}], p {_p(test['p_value'])}, "
+        f"n {test['n']} ({test['n_discordant']} changed), MDE {mde}"
+    )
+
+
+def version_tags(candidate: Evidence, decision: Decision, cfg: RegisterConfig, algo: str | None = None) -> dict:
+    """The model version's tags, each a short plain value the registry's version list shows whole: checkpoint (and
+    ``didpo.algo``, the RL algorithm, when the candidate is the RL checkpoint ``didpo``), decision, the primary test
+    (`paired_summary`), one ``didpo.<split>/<key>`` per metric of the decision (``@`` → ``_at_``, as MLflow names
+    metrics): ``<value to 4 places> (<n> problems)``, or ``not reported: <n> problems (fewer than 8)`` for a split
+    too small to report (`NI_MIN_PROBLEMS`, the evaluate stage's floor too); the protocol id and the reasons (up to
+    4,900 characters)."""
+    from tasks.tracking import metric_name
+
+    tags = {"didpo.checkpoint": candidate.name}
+    if candidate.name == "didpo" and algo:
+        tags["didpo.algo"] = algo
+    tags["didpo.decision"] = "promoted" if decision.promote else "rejected"
+    tags["didpo.test"] = f"{cfg.primary_metric}: {paired_summary(decision.test)}" if decision.test else "–"
+    for key in (cfg.primary_metric, *cfg.secondary_metrics):
+        value, n = candidate.metrics.get(key), len(candidate.per_problem.get(key.split("/")[0], {}))
+        if 0 < n < NI_MIN_PROBLEMS:
+            text = f"not reported: {n} problem{'s' if n != 1 else ''} (fewer than {NI_MIN_PROBLEMS})"
+        elif value is None:
+            text = "–"
+        else:
+            text = f"{value:.4f}" + (f" ({n} problems)" if n else "")
+        tags[f"didpo.{metric_name(key)}"] = text
+    tags[TAG_PROTOCOL] = candidate.protocol
+    tags["didpo.reasons"] = "\n".join(decision.reasons)[:4900]
+    return tags
+
+
 def pip_requirements(packages: Sequence[str] = PIP_PACKAGES) -> list[str]:
     """``name==version`` of the installed packages the logged model needs to load and run, without a local version
     label (``torch==2.13.0``, not ``2.13.0+cpu``: the served model installs on a CUDA machine too)."""
@@ -263,11 +306,13 @@ def register_and_decide(
     cfg: RegisterConfig,
     dtype: str = "auto",
     base_model: str = EMBEDDED_MODEL,
+    algo: str | None = None,
 ) -> RegisterResult:
     """Log `model_dir` (the candidate's merged checkpoint) to the active MLflow run, register it as a new version of
     ``cfg.model_name`` (alias ``challenger``), decide with `promotion_decision` against ``incumbent`` (the champion
     measured in the same run, or the base model) and move ``champion`` when it wins. The model carries
-    `model_card` of ``base_model``.
+    `model_card` of ``base_model``; the version, `version_tags` (``algo``: ``didpo.algo``, shown for the RL
+    checkpoint).
 
     Raises:
         ProtocolMismatch, ValueError: as `promotion_decision` (nothing is registered then).
@@ -290,14 +335,7 @@ def register_and_decide(
         registered_model_name=cfg.model_name,
     )
     version = str(info.registered_model_version)
-    tags = {
-        TAG_METRICS: json.dumps({k: v for k, v in candidate.metrics.items() if v is not None}, sort_keys=True),
-        TAG_PROTOCOL: candidate.protocol,
-        "didpo.test": json.dumps(decision.test, sort_keys=True),
-        "didpo.checkpoint": candidate.name,
-        "didpo.decision": "promoted" if decision.promote else "rejected",
-        "didpo.reasons": "\n".join(decision.reasons)[:4900],
-    }
+    tags = version_tags(candidate, decision, cfg, algo)
     if decision.promote:
         tags[TAG_PREVIOUS] = str(champion.version) if champion is not None else ""
     for key, value in tags.items():

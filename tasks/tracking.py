@@ -89,13 +89,28 @@ def git_commit() -> tuple[str, bool]:
     return sha, bool(dirty)
 
 
-def source_tags(name: str) -> dict[str, str]:
+def run_name(stage: str, algo: str | None = None, commit: tuple[str, bool] | None = None) -> str:
+    """The MLflow run name that tells runs apart in the run list: ``<stage> · <algo> · <short commit>``, e.g.
+    ``didpo · rft · 8fc972a`` (``-dirty`` after the commit when the source differs from it; no algorithm part for
+    a stage without one; no commit part outside a git work tree).
+
+    Args:
+        stage: the stage (``pipeline`` for a whole run).
+        algo: the RL algorithm (``didpo.algo``) of a stage that trains or measures the RL checkpoint.
+        commit: `git_commit`'s ``(sha, dirty)``; None: asked now.
+    """
+    sha, dirty = git_commit() if commit is None else commit
+    parts = [stage, algo or "", "" if sha == "unknown" else sha[:7] + ("-dirty" if dirty else "")]
+    return " · ".join(part for part in parts if part)
+
+
+def source_tags(name: str, commit: tuple[str, bool] | None = None) -> dict[str, str]:
     """MLflow's standard source tags (``mlflow.source.git.commit``, ``.name``, ``.type``; the UI links a run to its
-    commit through them) and ``didpo.git_dirty``."""
+    commit through them) and ``didpo.git_dirty``; ``commit``: `git_commit`'s answer (None: asked now)."""
     from mlflow.entities import SourceType
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
 
-    sha, dirty = git_commit()
+    sha, dirty = git_commit() if commit is None else commit
     return {
         MLFLOW_GIT_COMMIT: sha,
         MLFLOW_SOURCE_NAME: name,
@@ -159,11 +174,14 @@ def stage_run(
     section: Any = None,
     inputs: tuple[str, ...] = (),
     resume_dir: Path | None = None,
+    algo: str | None = None,
 ) -> Iterator[Any]:
-    """Open the MLflow run of one stage (a child of the pipeline's parent run when there is one).
+    """Open the MLflow run of one stage (a child of the pipeline's parent run when there is one), named by
+    `run_name` (stage, algorithm, short commit) and tagged ``didpo.stage`` (and ``didpo.algo`` with an algorithm).
 
     Logs the stage's params section (``section``), the git commit, and each input path as a dataset input whose
     digest is its DVC hash. Yields the active ``mlflow.ActiveRun``; a stage that raises ends its run FAILED.
+    ``algo``: the RL algorithm the stage trains or measures (default: the section's ``algo``, the RL stage's).
     ``resume_dir``: a training stage's exact-resume checkpoint folder. The run's id is kept there until the stage
     finishes, so an interrupted attempt's run is continued (one loss curve, not two runs) when training resumes
     from a checkpoint in it.
@@ -174,12 +192,19 @@ def stage_run(
 
     configure(tracking)
     parent = os.environ.get(PARENT_ENV) or None
-    tags = {"didpo.stage": stage, **source_tags(f"didpo stage {stage}")}
+    algo = algo if algo is not None else getattr(section, "algo", None)
+    commit = git_commit()
+    tags = {
+        "didpo.stage": stage,
+        **({"didpo.algo": algo} if algo else {}),
+        **source_tags(f"didpo stage {stage}", commit),
+    }
+    name = run_name(stage, algo, commit)
     resumed = _resumable_run(resume_dir)
     if resumed is not None:
         started = mlflow.start_run(run_id=resumed, tags={**tags, "didpo.resumed": "true"}, log_system_metrics=True)
     else:
-        started = mlflow.start_run(run_name=stage, parent_run_id=parent, tags=tags, log_system_metrics=True)
+        started = mlflow.start_run(run_name=name, parent_run_id=parent, tags=tags, log_system_metrics=True)
     with started as run:
         if resume_dir is not None:
             resume_dir.mkdir(parents=True, exist_ok=True)
@@ -250,14 +275,16 @@ def log_artifacts(*paths: str | Path, artifact_path: str | None = None) -> None:
 
 
 @contextmanager
-def pipeline_run(tracking: TrackingConfig, name: str = "pipeline") -> Iterator[str]:
-    """Open the parent run of a whole pipeline run and export its id to stage processes; yields the run id."""
+def pipeline_run(tracking: TrackingConfig, name: str = "pipeline", algo: str | None = None) -> Iterator[str]:
+    """Open the parent run of a whole pipeline run, named ``<name> · <algo> · <short commit>`` (`run_name`; ``algo``:
+    the run's ``didpo.algo``), and export its id to stage processes; yields the run id."""
     import mlflow
 
     configure(tracking)
     previous = os.environ.get(PARENT_ENV)
-    tags = {"didpo.stage": "pipeline", **source_tags("didpo run")}
-    with mlflow.start_run(run_name=name, tags=tags) as run:
+    commit = git_commit()
+    tags = {"didpo.stage": "pipeline", **({"didpo.algo": algo} if algo else {}), **source_tags("didpo run", commit)}
+    with mlflow.start_run(run_name=run_name(name, algo, commit), tags=tags) as run:
         os.environ[PARENT_ENV] = run.info.run_id
         try:
             yield run.info.run_id

@@ -8,7 +8,9 @@ import pytest
 from models.measure import ProblemResult
 from tasks.config import KS, ConfigError, EvaluateConfig, parse_params
 from tasks.evaluate import (
+    MIN_PROBLEMS,
     answer_metrics,
+    checkpoint_label,
     comparison_markdown,
     comparison_table,
     deltas_markdown,
@@ -22,6 +24,7 @@ from tasks.evaluate import (
     protocol_record,
     select_problems,
     split_sampling,
+    too_small,
 )
 from tests.test_process_metrics import PROBLEM, REFERENCE
 
@@ -62,34 +65,98 @@ def test_answer_metrics_by_hand():
 
 
 METRICS = {
-    "base": {"val": {"n_problems": 2, "n_samples": 16, "pass@1": 0.0625, "pass@5": 0.25, "recovery": None}},
-    "sft": {"val": {"n_problems": 2, "n_samples": 16, "pass@1": 0.5, "pass@5": 0.75}, "seconds": 12.0},
+    "base": {"val": {"n_problems": 8, "n_samples": 16, "pass@1": 0.0625, "pass@5": 0.25, "recovery": None}},
+    "sft": {"val": {"n_problems": 8, "n_samples": 16, "pass@1": 0.5, "pass@5": 0.75}, "seconds": 12.0},
+}
+# the RL checkpoint too, and a test split of one problem (params.yaml's evaluate.test_problems: 1)
+WITH_TEST = {
+    "base": {**METRICS["base"], "test": {"n_problems": 1, "n_samples": 16, "pass@1": 0.0, "pass@2": 0.0}},
+    "didpo": {
+        "val": {"n_problems": 8, "n_samples": 16, "pass@1": 0.5, "pass@5": 0.75},
+        "test": {"n_problems": 1, "n_samples": 16, "pass@1": 1.0, "pass@2": 1.0},
+    },
 }
 
 
 def test_comparison_table_and_plot_rows():
     md = comparison_markdown(METRICS)
-    assert "## val (problems: 2, samples per problem: 16)" in md and "## test" not in md
+    assert "## val (problems: 8, samples per problem: 16)" in md and "## test" not in md
     header = next(line for line in md.splitlines() if line.startswith("| checkpoint"))
     assert header.split(" | ")[1:4] == ["pass@1", "pass@2", "pass@5"]
-    assert "| base | 0.062 | – | 0.250 | – |" in md and "| sft | 0.500 | – | 0.750 | – |" in md
+    assert "| base | 0.062 | – | 0.250 | – |" in md and "| SFT | 0.500 | – | 0.750 | – |" in md
     table = comparison_table(METRICS)
-    assert table["checkpoint"] == ["base", "sft"] and table["pass@5"] == [0.25, 0.75]
+    assert table["checkpoint"] == ["base", "SFT"] and table["pass@5"] == [0.25, 0.75]
     assert table["recovery"] == [None, None]
     rows = passk_rows(METRICS, "val", ["base", "sft", "dpo", "didpo"])
     assert [r["k"] for r in rows] == list(KS)
-    assert rows[2] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "didpo": None}
+    assert rows[2] == {"k": 5, "base": 0.25, "sft": 0.75, "dpo": None, "didpo": None, "n_problems": 8}
     assert flat_metrics(METRICS) == {
-        "eval/base/val/n_problems": 2.0,
+        "eval/base/val/n_problems": 8.0,
         "eval/base/val/n_samples": 16.0,
         "eval/base/val/pass@1": 0.0625,
         "eval/base/val/pass@5": 0.25,
-        "eval/sft/val/n_problems": 2.0,
+        "eval/sft/val/n_problems": 8.0,
         "eval/sft/val/n_samples": 16.0,
         "eval/sft/val/pass@1": 0.5,
         "eval/sft/val/pass@5": 0.75,
         "eval/sft/seconds": 12.0,
     }
+
+
+def test_a_split_too_small_is_neither_drawn_nor_tabled_and_rl_is_named_by_its_algorithm():
+    """Issue 44: a 1-problem test split was drawn and tabled as pass@k 1.0 for RL, under the name `didpo` while the
+    algorithm was rft. Below MIN_PROBLEMS (8) a split is measured (metrics.json keeps it) but not shown, and the
+    reason names the key that sizes it."""
+    assert MIN_PROBLEMS == 8
+    assert [checkpoint_label(n, "rft") for n in ("base", "sft", "dpo", "didpo", "champion")] == [
+        "base", "SFT", "DPO", "RL (rft)", "champion"
+    ]  # fmt: skip
+    assert checkpoint_label("didpo") == "RL"
+    assert too_small(WITH_TEST) == {
+        "test": "test: 1 problem (fewer than 8): measured, not drawn or tabled; raise evaluate.test_problems"
+    }
+    rows = passk_rows(WITH_TEST, "test", ["base", "sft", "dpo", "didpo"])
+    assert rows[0] == {"k": 1, "base": None, "sft": None, "dpo": None, "didpo": None, "n_problems": 1}  # not 1.0
+    assert all(v is None for r in rows for k, v in r.items() if k not in ("k", "n_problems"))
+    val = passk_rows(WITH_TEST, "val", ["base", "sft", "dpo", "didpo"])
+    assert val[0] == {"k": 1, "base": 0.0625, "sft": None, "dpo": None, "didpo": 0.5, "n_problems": 8}
+    md = comparison_markdown(WITH_TEST, "rft")
+    assert "## test" not in md and "| RL (rft) | 0.500 | – | 0.750 |" in md and "| didpo |" not in md
+    assert md.rstrip().endswith(
+        "Not tabled: test: 1 problem (fewer than 8): measured, not drawn or tabled; raise evaluate.test_problems "
+        "(its figures are in metrics.json)."
+    )
+    table = comparison_table(WITH_TEST, "rft")
+    assert (table["checkpoint"], table["split"], table["pass@1"]) == (
+        ["base", "RL (rft)"],
+        ["val", "val"],
+        [0.0625, 0.5],
+    )
+    flat = flat_metrics(WITH_TEST)
+    assert flat["eval/didpo/test/n_problems"] == 1.0 and "eval/didpo/test/pass@1" not in flat  # MLflow charts it
+    assert flat["eval/didpo/val/pass@1"] == 0.5
+
+
+def test_the_pass_k_figure_leaves_a_small_split_empty(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    drawn, original = [], plt.Axes.plot
+
+    def plot(ax, *args, **kwargs):
+        drawn.append((ax, kwargs.get("label")))
+        return original(ax, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Axes, "plot", plot)
+    plot_passk(WITH_TEST, tmp_path / "passk.png", "rft")
+    # one line per checkpoint on val's panel, none on test's (1 problem) or on the splits without problems
+    assert [(ax.get_title(), label) for ax, label in drawn] == [
+        ("val (8 problems)", "base"),
+        ("val (8 problems)", "RL (rft)"),
+    ]
+    assert (tmp_path / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_pass1_deltas_between_consecutive_checkpoints():
@@ -111,9 +178,19 @@ def test_pass1_deltas_between_consecutive_checkpoints():
     assert (one["delta"], one["mde"], one["n_problems"]) == (-0.25, None, 1)
     assert one["low"] == pytest.approx(-0.25 - 0.975) and one["high"] == pytest.approx(-0.25 + 0.975)
     assert deltas["dpo_to_didpo"]["val"]["delta"] == 0.125
-    md = deltas_markdown(deltas)
-    assert "| sft → dpo | val | +0.250 | [-0.546, +1.046] | 0.5000 |" in md
-    assert "| sft → dpo | humaneval | -0.250 | [-1.225, +0.725] | 1.0000 | – | 1 (1) |" in md
+    md = deltas_markdown(deltas)  # 4 and 1 problems: intervals past ±1 are not tabled
+    assert "| sft" not in md and "| SFT" not in md
+    assert md.rstrip().endswith(
+        "Not tabled, fewer than 8 problems: val (4 problems); humaneval (1 problem) (their changes are in deltas.json)."
+    )
+    eight = pass1_deltas(
+        {"sft": {"val": [0.0] * 8}, "dpo": {"val": [1.0, 1.0] + [0.0] * 6}, "didpo": {"val": [1.0] * 8}}
+    )
+    md = deltas_markdown(eight, "rft")
+    # two of 8 problems gained 1.0: mean +0.25, exact one-sided sign-flip p = 1/2**2 (of 4 patterns, the observed
+    # one is the largest)
+    assert "| SFT → DPO | val | +0.250 | [" in md and "| 0.2500 |" in md and md.count("| 8 (2) |") == 1
+    assert "| DPO → RL (rft) | val | +0.750 |" in md and "| 8 (6) |" in md and "Not tabled" not in md
 
 
 def test_pass1_deltas_also_compare_every_later_checkpoint_with_base():

@@ -2,8 +2,6 @@
 both ways, protocol mismatch refused), then a real MLflow SQLite registry with a tiny model logged (versions,
 aliases, reasons, the champion downloaded for re-measurement, rollback through `didpo rollback`)."""
 
-import json
-
 import pytest
 import yaml
 
@@ -105,6 +103,38 @@ def test_the_candidate_is_the_best_trained_checkpoint():
         choose_candidate({"base": ev["base"]}, CFG)
 
 
+def test_version_tags_are_short_plain_text():
+    """Issue 44: the registry's version list showed `didpo.metrics: {"heldout/complexity_...` and `didpo.test:
+    {"alpha": 0.05, "cluster_p...`, JSON cut at the column's width. Each tag is now one short value a person reads:
+    the paired test in one line, one tag per metric of the decision with its problems, the RL algorithm."""
+    from tasks.registry import paired_summary, version_tags
+
+    decision = promotion_decision(evidence("didpo", BETTER), evidence("base", BASE), CFG)
+    # Δ 0.30 over 20 problems, 14 changed, all gains: exact p = 2**-14 = 6.1e-05; the per-problem changes have
+    # sd 0.2236 (10 × 0.5, 6 × 0, 4 × 0.25 around 0.30), so the t half-width 2.093 · 0.2236 / √20 = 0.105 is under
+    # the Clopper–Pearson floor 1 − 0.025^(1/20) = 0.1684: [0.1316, 0.4684]; MDE (1.729 + 0.861) · 0.05 = 0.1295
+    assert paired_summary(decision.test) == "Δ +0.3000 [+0.1316, +0.4684], p 6.1e-05, n 20 (14 changed), MDE 0.1295"
+    small = Evidence(
+        "didpo", "p1", {"val": evidence("didpo", BETTER).per_problem["val"], "test": {"t0": 1.0}}, FAMILIES,
+        {"val/pass@1": 0.475, "test/pass@1": 1.0, "val/format_compliance": 0.9, "val/unsafe_rate": None},
+    )  # fmt: skip
+    tags = version_tags(small, decision, CFG, algo="rft")
+    assert tags == {
+        "didpo.checkpoint": "didpo",
+        "didpo.algo": "rft",
+        "didpo.decision": "promoted",
+        "didpo.test": "val/pass@1: Δ +0.3000 [+0.1316, +0.4684], p 6.1e-05, n 20 (14 changed), MDE 0.1295",
+        "didpo.val/pass_at_1": "0.4750 (20 problems)",
+        "didpo.test/pass_at_1": "not reported: 1 problem (fewer than 8)",  # not "1.0000"
+        "didpo.val/format_compliance": "0.9000 (20 problems)",
+        "didpo.val/unsafe_rate": "–",
+        "didpo.protocol": "p1",
+        "didpo.reasons": "\n".join(decision.reasons),
+    }
+    assert max(len(v) for k, v in tags.items() if k != "didpo.reasons") < 90 and "{" not in "".join(tags.values())
+    assert "didpo.algo" not in version_tags(evidence("dpo", BETTER), decision, CFG, algo="rft")  # not the RL one
+
+
 def test_config_and_helpers():
     with pytest.raises(ValueError, match="<split>/pass@1"):
         RegisterConfig(primary_metric="val/pass@16")
@@ -185,8 +215,8 @@ def test_registry_promotion_and_rollback(registry):
     assert aliases() == {"champion": 5, "challenger": 5}
     v5 = client.get_model_version(CFG.model_name, "5")
     assert v5.tags["didpo.previous_champion"] == "2" and v5.tags["didpo.decision"] == "promoted"
-    assert v5.tags["didpo.protocol"] == "p1" and json.loads(v5.tags["didpo.test"])["n"] == 20
-    assert json.loads(v5.tags["didpo.metrics"]) == evidence("didpo", [1.0] * 20).metrics
+    assert v5.tags["didpo.protocol"] == "p1" and v5.tags["didpo.test"].startswith("val/pass@1: Δ +0.5250 [")
+    assert v5.tags["didpo.val/pass_at_1"] == "1.0000 (20 problems)" and v5.tags["didpo.checkpoint"] == "didpo"
     assert client.get_model_version(CFG.model_name, "4").tags["didpo.reasons"].count("regression beyond") == 1
 
     # the logged model is the tiny model, with explicit pinned requirements; the champion can be re-measured

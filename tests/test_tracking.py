@@ -136,3 +136,43 @@ def test_a_resumed_training_stage_continues_its_mlflow_run(tracking_cfg, tmp_pat
         raise KeyboardInterrupt
     with tracking.stage_run("dpo", tracking_cfg, resume_dir=empty) as run:
         assert run.info.run_id != interrupted
+
+
+def test_run_names_tell_runs_apart_by_stage_algorithm_and_commit(tracking_cfg, tmp_path):
+    """Issue 44: four runs named "evaluate" and four "didpo" side by side could not be told apart. A run is named
+    `<stage> · <algorithm> · <short commit>` (-dirty when the source differs from the commit) and tagged with its
+    algorithm; the RL stage's algorithm comes from its params section."""
+    import subprocess
+
+    import mlflow
+
+    from models.config import DiDPOConfig
+
+    sha = "8fc972a" + "0" * 33
+    assert tracking.run_name("didpo", "rft", (sha, False)) == "didpo · rft · 8fc972a"
+    assert tracking.run_name("evaluate", "grpo", (sha, True)) == "evaluate · grpo · 8fc972a-dirty"
+    assert tracking.run_name("sft", None, (sha, False)) == "sft · 8fc972a"
+    assert tracking.run_name("prepare", None, ("unknown", False)) == "prepare"  # outside a git work tree
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    (tmp_path / "code.py").write_text("v1\n")
+    git("init", "-q")
+    git("add", "code.py")
+    git("-c", "user.email=a@b", "-c", "user.name=t", "commit", "-qm", "init")
+    short = git("rev-parse", "--short=7", "HEAD").strip()
+    with tracking.pipeline_run(tracking_cfg, algo="dapo") as parent_id:
+        pass
+    client = mlflow.MlflowClient()  # of the store pipeline_run configured
+    assert client.get_run(parent_id).info.run_name == f"pipeline · dapo · {short}"
+    with tracking.stage_run("didpo", tracking_cfg, DiDPOConfig(algo="grpo")) as run:
+        rl = run.info.run_id
+    with tracking.stage_run("evaluate", tracking_cfg, algo="grpo") as run:
+        evaluate = run.info.run_id
+    (tmp_path / "code.py").write_text("v2\n")  # an edited source file: the commit is not what ran
+    with tracking.stage_run("sft", tracking_cfg) as run:
+        sft = run.info.run_id
+    names = {run_id: client.get_run(run_id).info.run_name for run_id in (rl, evaluate, sft)}
+    assert names == {rl: f"didpo · grpo · {short}", evaluate: f"evaluate · grpo · {short}", sft: f"sft · {short}-dirty"}
+    assert client.get_run(rl).data.tags["didpo.algo"] == "grpo" and "didpo.algo" not in client.get_run(sft).data.tags
