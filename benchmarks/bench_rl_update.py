@@ -236,26 +236,23 @@ def main() -> None:
 
     # ---- same work: the first minibatch's loss, previous vs current (float32, then bf16)
     def first_loss(which: str, autocast=None) -> float:
+        """The loss of the update's first minibatch (the same rows: the generator seeded alike), with the same
+        advantages per row and old log-probs fixed at −1 nat per token on both sides, so the ratio varies and the
+        clipped surrogate reads the log-probs (rft's NLL reads neither); the current side merges duplicates as it
+        trains."""
         fresh()
-        generator = torch.Generator().manual_seed(1234)
-        rows = torch.randperm(len(trained), generator=generator)[: cfg.minibatch_size]
+        rows = torch.randperm(len(trained), generator=torch.Generator().manual_seed(1234))[: cfg.minibatch_size]
         mod = old if which == "previous" else current
         batch = mod.build_batch(trained, pad_id)
+        minibatch = {k: v[rows] for k, v in batch.items()} if mod is old else current.select_rows(batch, rows)
+        mask = minibatch["completion_mask"]
+        minibatch.update(advantages=torch.linspace(-1.0, 1.0, len(rows)).unsqueeze(1) * mask)
+        minibatch.update(old_per_token_logps=torch.full_like(mask, -1.0))
+        if mod is current:
+            minibatch, _ = current.merge_duplicates(minibatch)
         with torch.no_grad():
-            if which == "previous":
-                minibatch = {k: v[rows] for k, v in batch.items()}
-                logps, logits, _ = old.policy_forward(model, minibatch, None, None, temperature=cfg.temperature)
-                batch_adv = minibatch
-            else:
-                minibatch, _ = current.merge_duplicates(current.select_rows(batch, rows))
-                logps, logits, _ = current.policy_forward(model, minibatch, None, autocast, temperature=cfg.temperature)
-                batch_adv = minibatch
-            mask = batch_adv["completion_mask"]
-            batch_adv = dict(batch_adv, old_per_token_logps=logps, advantages=mask.clone())
-            if cfg.algo != "rft":
-                adv = torch.linspace(-1.0, 1.0, mask.shape[0]).unsqueeze(1) * mask
-                batch_adv["advantages"] = adv
-            loss, _ = mod.ppo_losses(logps, logits, None, batch_adv, cfg)
+            logps, logits, _ = mod.policy_forward(model, minibatch, None, autocast, temperature=cfg.temperature)
+            loss, _ = mod.ppo_losses(logps, logits, None, minibatch, cfg)
         return float(loss)
 
     previous_loss, current_loss = first_loss("previous"), first_loss("current")

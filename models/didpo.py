@@ -365,6 +365,11 @@ class PromptPool:
         }
 
 
+class EmptyPoolError(ValueError):
+    """The screen found no informative problem: each screened one passed 0 or all K_s times (its data, not a
+    defect: the stage reports it as a one-line input error)."""
+
+
 def screen_prompt_pool(
     model, tokenizer, problems: Sequence[dict], cfg: DiDPOConfig, verifier, engine=None
 ) -> PromptPool:
@@ -379,7 +384,7 @@ def screen_prompt_pool(
     while it still holds the start weights: ≈ 4× the torch sampler's speed on a CPU), else by the torch sampler.
 
     Raises:
-        ValueError: no screened problem is informative (the message says what to change).
+        EmptyPoolError: no screened problem is informative (the message says what to change).
     """
     import numpy as np
 
@@ -412,7 +417,7 @@ def screen_prompt_pool(
             )
     pool = PromptPool(samples=cfg.screen_samples, entries=entries)
     if not pool.task_ids:
-        raise ValueError(
+        raise EmptyPoolError(
             f"no informative problem: each of the {len(entries)} screened train problems passed 0 or all "
             f"{cfg.screen_samples} times; raise didpo.screen_problems (or set 0 to screen every train problem)"
         )
@@ -424,8 +429,8 @@ def pool_cache_key(cfg: DiDPOConfig, problems: Sequence[dict], initial_weights: 
     (`models.checkpoint.weights_digest`), the candidate problems (their full rows, in order), K_s, how many are
     screened, the seed, the temperature and token budget, the rollout engine that samples, the screen's batch
     (``prompts_per_step × group_size``, which sets its sampling seeds) and the reward settings (Φ's weights, for
-    the controls). Two arms
-    that differ only in the algorithm, the learning rate or the number of steps share it. Hex sha256."""
+    the controls). Two arms that differ only in the algorithm, the learning rate or the number of steps share it.
+    Hex sha256."""
     fields = (
         initial_weights,
         [json.dumps(p, sort_keys=True, default=str) for p in problems],
@@ -602,8 +607,9 @@ def no_grad_logps(model, batch: dict, value_head, autocast, chunk: int, temperat
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, merged["completion_ids"].shape[0], chunk):
-                part = select_rows(merged, list(range(start, min(start + chunk, merged["completion_ids"].shape[0]))))
+            rows = merged["completion_ids"].shape[0]
+            for start in range(0, rows, chunk):
+                part = select_rows(merged, torch.arange(start, min(start + chunk, rows)))
                 lp, _, v = policy_forward(model, part, value_head, autocast, temperature=temperature)
                 logps.append(lp)
                 if v is not None:

@@ -14,10 +14,6 @@ from models.training import resume_or_start_over
 from tasks.config import InputError
 from tasks.tracking import mlflow_emit
 
-# How `models.didpo.screen_prompt_pool` says the screened pool is empty (every screened problem passed 0 or all
-# times): the message names the key to raise, so the stage stops with it as one line (tests/test_inputs.py).
-EMPTY_POOL = "no informative problem"
-
 # Screens of the start policy by their key (`models.didpo.pool_cache_key`): RL arms from the same start weights and
 # problems (an ablation, a budget curve) screen once.
 POOL_CACHE = Path(".cache/rl_pool")
@@ -89,7 +85,7 @@ def run_didpo(
     leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
     copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
     """
-    from models.didpo import check_budget_fits_answers, train_didpo
+    from models.didpo import EmptyPoolError, check_budget_fits_answers, train_didpo
     from models.policy import load_policy
 
     engines: list = []  # built once (a resumed attempt that starts over reuses it)
@@ -106,9 +102,7 @@ def run_didpo(
 
     try:
         result = resume_or_start_over(attempt)
-    except ValueError as exc:
-        if not str(exc).startswith(EMPTY_POOL):
-            raise
+    except EmptyPoolError as exc:  # its message names the key to raise: the stage stops with it as one line
         raise InputError(f"the RL prompt pool is empty: {exc}") from None
     if not is_main_process():  # a rank > 0 under `accelerate launch`: rank 0 writes the outputs
         return {}, result.history
