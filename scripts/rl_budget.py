@@ -1,0 +1,235 @@
+"""The RL budget curve (issue 43; rules in docs/results/rl_budget/preregistration.md): each arm is one RL run that
+keeps its policy at steps 6, 31 and 94 (``didpo.keep_steps``); each kept point is evaluated against the DPO checkpoint
+it started from, and the table applies the pre-registered decision.
+
+    python scripts/rl_budget.py point ARM STEP   # in the workspace of ARM's run: evaluate its policy after STEP
+    python scripts/rl_budget.py table            # docs/results/rl_budget/table.md from every recorded point
+
+``point`` rebuilds ``data/checkpoints/didpo/merged`` from the DPO checkpoint and the adapter the run kept after STEP
+(``data/checkpoints/didpo/points/step_NNNN``), exactly as the stage exports its own (`scripts/restore_run.py`'s
+`rebuild_merged`), runs the evaluate stage (`didpo stage evaluate`, params.yaml's protocol, which must measure
+``[dpo, didpo]`` with 16 answers per problem), and records in docs/results/rl_budget/ARM/step_NNNN.json the claim,
+the per-problem scores of both checkpoints (val, HumanEval, held-out) and the run's training figures up to STEP (KL to
+start over the last 5 steps, entropy, groups with zero spread, rows left out, duplicates, RL step seconds).
+
+``table`` tests each point with the promotion rule's one-sided paired sign-flip test on val pass@1
+(`models.significance.paired_test`), the HumanEval guard as a non-inferiority test at margin -0.03 (the same test,
+margin -0.03: p < 0.05 means not worse by 0.03), and the primary hypotheses (every arm at 1,504 rollouts) with Holm's
+step-down procedure at family-wise alpha 0.05. The claim is made only when all three arms are recorded.
+
+Errors (a message, exit status 2): no kept point for STEP, an evaluation protocol other than the pre-registered one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs/results/rl_budget"
+ARMS = ("rft", "grpo", "didpo")
+FINAL_STEP = 94  # 1,504 rollouts: the primary hypotheses
+ROLLOUTS_PER_STEP = 16  # 2 prompts x 8 answers
+SAMPLES = 16  # answers per val problem (the pre-registered protocol)
+ALPHA = 0.05
+GUARD_MARGIN = -0.03  # HumanEval non-inferiority margin
+LAST_STEPS = 5  # KL to start and entropy: mean over the last steps before a point
+
+
+def holm(p_values: dict[str, float], alpha: float = ALPHA) -> dict[str, bool]:
+    """Holm's step-down procedure (Holm 1979, Scand. J. Statist. 6:65-70): with the m p-values sorted ascending,
+    reject H_(i) while p_(i) <= alpha / (m - i + 1) (i from 1), and stop at the first that is not. Returns
+    ``{name: rejected}``; family-wise error rate <= alpha under any dependence."""
+    rejected, m = {name: False for name in p_values}, len(p_values)
+    for i, (name, p) in enumerate(sorted(p_values.items(), key=lambda item: item[1])):
+        if p > alpha / (m - i):
+            break
+        rejected[name] = True
+    return rejected
+
+
+def training_figures(history: list[dict], step: int) -> dict:
+    """The run's figures up to and including `step` from its per-step history (``data/didpo/history.json``'s rows):
+    KL to start and entropy as the mean of the last `LAST_STEPS` steps, the mean share of groups with zero reward
+    spread, the rows left out of the update and duplicates merged (sums), and the RL steps' seconds (sum).
+
+    Raises ValueError when the history stops before `step`."""
+    rows = [row for row in history if row["step"] <= step]
+    if not rows or rows[-1]["step"] != step:
+        raise ValueError(f"the run's history stops at step {rows[-1]['step'] if rows else 0}, before {step}")
+    last = rows[-LAST_STEPS:]
+
+    def mean(key, of=rows):
+        return sum(row[key] for row in of) / len(of)
+
+    return {
+        "kl_start_last5": mean("didpo/kl_start", last),
+        "entropy_last5": mean("didpo/entropy", last),
+        "frac_zero_std_groups": mean("didpo/frac_zero_std_groups"),
+        "rows_zero_advantage": sum(row["didpo/rows_zero_advantage"] for row in rows),
+        "duplicate_rows": sum(row["didpo/duplicate_rows"] for row in rows),
+        "rl_step_seconds": sum(row["didpo/step_time_s"] for row in rows),
+    }
+
+
+def point_record(arm: str, step: int, claim: dict, per_problem: dict, history: list[dict], adapter_sha: str) -> dict:
+    """One kept point: its claim (val pass@1 against DPO), both checkpoints' per-problem scores and the training
+    figures up to `step`. Raises ValueError for a protocol other than the pre-registered one (not 16 answers, or dpo
+    and didpo not both measured)."""
+    if claim.get("samples_per_problem") != SAMPLES:
+        raise ValueError(
+            f"evaluated with {claim.get('samples_per_problem')} answers per problem, not {SAMPLES}: "
+            f"set evaluate.n_samples: {SAMPLES} and evaluate.checkpoints: [dpo, didpo]"
+        )
+    scores = per_problem["checkpoints"]
+    splits = ("val", "humaneval", "heldout")
+    missing = [f"{name}/{split}" for name in ("dpo", "didpo") for split in splits if split not in scores.get(name, {})]
+    if missing:
+        raise ValueError(f"{missing} not measured: run evaluate with evaluate.checkpoints=[dpo, didpo]")
+    return {
+        "arm": arm,
+        "step": step,
+        "rollouts": step * ROLLOUTS_PER_STEP,
+        "adapter_sha256": adapter_sha,
+        "claim": claim,
+        "scores": {name: {split: scores[name][split] for split in splits} for name in ("dpo", "didpo")},
+        "training": training_figures(history, step),
+    }
+
+
+def load_points() -> list[dict]:
+    """Every recorded point (arm order, then step). Raises ValueError when two points differ in protocol or in their
+    DPO scores (another start checkpoint or seeds)."""
+    points = [json.loads(p.read_text()) for arm in ARMS for p in sorted((OUT / arm).glob("step_*.json"))]
+    for point in points[1:]:
+        if point["claim"]["protocol"] != points[0]["claim"]["protocol"]:
+            raise ValueError(f"{point['arm']} step {point['step']}: another evaluation protocol")
+        if point["scores"]["dpo"] != points[0]["scores"]["dpo"]:
+            raise ValueError(f"{point['arm']} step {point['step']}: its DPO scores differ (another start or seeds)")
+    return points
+
+
+def tests(point: dict) -> dict:
+    """The point's val test (one-sided paired sign-flip, RL better than DPO) and HumanEval guard (non-inferiority at
+    `GUARD_MARGIN`), each a `models.significance.PairedTest`, and its held-out pass@1 (both checkpoints)."""
+    from models.significance import paired_test
+
+    dpo, rl = point["scores"]["dpo"], point["scores"]["didpo"]
+    paired = {split: sorted(dpo[split]) for split in ("val", "humaneval", "heldout")}
+    seed = point["claim"]["seed"]
+    val = paired_test([dpo["val"][p] for p in paired["val"]], [rl["val"][p] for p in paired["val"]], seed=seed)
+    guard = paired_test(
+        [dpo["humaneval"][p] for p in paired["humaneval"]],
+        [rl["humaneval"][p] for p in paired["humaneval"]],
+        margin=GUARD_MARGIN,
+        seed=seed,
+    )
+    heldout = {name: sum(s["heldout"].values()) / len(s["heldout"]) for name, s in (("dpo", dpo), ("rl", rl))}
+    return {"val": val, "guard": guard, "heldout": heldout}
+
+
+def table(points: list[dict]) -> str:
+    """Markdown: one row per recorded point, then the decision at 1,504 rollouts (Holm over the arms)."""
+    first = points[0]["claim"]
+    lines = [
+        f"Val: {first['n_problems']} problems x {SAMPLES} answers (protocol {first['protocol']}, {first['engine']}); "
+        "Δ = RL - DPO, one-sided paired sign-flip p (RL better), 95% interval, "
+        f"MDE at alpha 0.05 and power 0.8. HumanEval guard: non-inferiority at margin {GUARD_MARGIN}, greedy, 164 "
+        "problems. KL and entropy: mean of the last 5 steps before the point.",
+        "",
+        "| arm | rollouts | val pass@1 | Δ vs DPO [95% CI] | p | MDE | HumanEval Δ | guard p | held-out pass@1 "
+        "| KL to start | entropy | RL seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    finals = {}
+    for point in points:
+        t, fig = tests(point), point["training"]
+        val, guard = t["val"], t["guard"]
+        rl_val = sum(point["scores"]["didpo"]["val"].values()) / len(point["scores"]["didpo"]["val"])
+        lines.append(
+            f"| {point['arm']} | {point['rollouts']} | {rl_val:.3f} | {val.effect:+.3f} [{val.low:+.3f}, "
+            f"{val.high:+.3f}] | {val.p_value:.3f} | {val.mde:.3f} | {guard.effect:+.3f} | {guard.p_value:.3f} "
+            f"| {t['heldout']['rl']:.3f} | {fig['kl_start_last5']:.4f} | {fig['entropy_last5']:.3f} "
+            f"| {fig['rl_step_seconds']:.0f} |"
+        )
+        if point["step"] == FINAL_STEP:
+            finals[point["arm"]] = t
+    dpo_val = points[0]["scores"]["dpo"]["val"]
+    lines += ["", f"DPO (every arm's start): val pass@1 {sum(dpo_val.values()) / len(dpo_val):.3f}.", ""]
+    if set(finals) != set(ARMS):
+        lines.append(
+            f"Decision: waiting for {sorted(set(ARMS) - set(finals))} at {FINAL_STEP * ROLLOUTS_PER_STEP} "
+            "rollouts (Holm runs over all three arms)."
+        )
+        return "\n".join(lines) + "\n"
+    rejected = holm({arm: t["val"].p_value for arm, t in finals.items()})
+    for arm, t in finals.items():
+        claimed = rejected[arm] and t["guard"].p_value < ALPHA
+        verdict = (
+            "beats DPO"
+            if claimed
+            else ("passes Holm, fails the HumanEval guard" if rejected[arm] else "no change detected")
+        )
+        lines.append(
+            f"- {arm} at {FINAL_STEP * ROLLOUTS_PER_STEP} rollouts: p {t['val'].p_value:.4f}, Holm "
+            f"{'rejects' if rejected[arm] else 'keeps'} H0: {verdict}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    point = sub.add_parser("point", help="evaluate the policy ARM's run kept after STEP and record it")
+    point.add_argument("arm", choices=ARMS)
+    point.add_argument("step", type=int)
+    sub.add_parser("table", help="write and print docs/results/rl_budget/table.md")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    if args.command == "table":
+        text = table(load_points())
+        (OUT / "table.md").write_text(text)
+        print(text, end="")
+        return 0
+    from restore_run import rebuild_merged
+
+    from flows.paths import DIDPO_CHECKPOINT, DPO_CHECKPOINT
+
+    adapter = DIDPO_CHECKPOINT / "points" / f"step_{args.step:04d}"
+    if not (adapter / "adapter_model.safetensors").is_file():
+        print(
+            f"error: {adapter} holds no kept policy: run the RL stage with didpo.keep_steps including {args.step}",
+            file=sys.stderr,
+        )
+        return 2
+    sha = hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+    rebuild_merged(DPO_CHECKPOINT / "merged", adapter, DIDPO_CHECKPOINT / "merged")
+    subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], check=True)
+    evaluate = Path("data/evaluate")
+    history = json.loads(Path("data/didpo/history.json").read_text())["history"]
+    try:
+        record = point_record(
+            args.arm,
+            args.step,
+            json.loads((evaluate / "rl_claim.json").read_text()),
+            json.loads((evaluate / "per_problem.json").read_text()),
+            history,
+            sha,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    target = OUT / args.arm / f"step_{args.step:04d}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    claim = record["claim"]
+    print(f"{args.arm} step {args.step}: Δ {claim['delta']:+.3f}, p {claim['p_value']:.3f} -> {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

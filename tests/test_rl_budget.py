@@ -1,0 +1,81 @@
+"""scripts/rl_budget.py: Holm's step-down procedure and a point's training figures (hand-computed), the protocol a
+point must be measured under, and the table's decision waiting for all three arms."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+spec = importlib.util.spec_from_file_location("rl_budget", ROOT / "scripts/rl_budget.py")
+rl_budget = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rl_budget)
+
+
+def test_holm_steps_down_and_stops_at_the_first_kept_hypothesis():
+    # sorted: a 0.01 <= 0.05/3 rejects; c 0.03 > 0.05/2 stops, so b (0.04 <= 0.05) is kept too
+    assert rl_budget.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == {"a": True, "b": False, "c": False}
+    # 0.01 <= 0.0167, 0.02 <= 0.025, 0.04 <= 0.05: all three
+    assert rl_budget.holm({"a": 0.01, "b": 0.02, "c": 0.04}) == {"a": True, "b": True, "c": True}
+    assert rl_budget.holm({"a": 0.2}) == {"a": False}
+
+
+def history(n):
+    return [
+        {"step": s, "didpo/kl_start": 0.01 * s, "didpo/entropy": 1.0 - 0.1 * s, "didpo/frac_zero_std_groups": 0.5,
+         "didpo/rows_zero_advantage": 2, "didpo/duplicate_rows": s % 2, "didpo/step_time_s": 10.0}
+        for s in range(1, n + 1)
+    ]  # fmt: skip
+
+
+def test_training_figures_average_the_last_five_steps_before_the_point():
+    fig = rl_budget.training_figures(history(8), 6)
+    assert fig["kl_start_last5"] == pytest.approx(0.04)  # steps 2..6: (0.02 + ... + 0.06) / 5
+    assert fig["entropy_last5"] == pytest.approx(0.6)  # 1 - 0.1 x 4
+    assert fig["rows_zero_advantage"] == 12 and fig["duplicate_rows"] == 3 and fig["rl_step_seconds"] == 60.0
+    with pytest.raises(ValueError, match="stops at step 8, before 9"):
+        rl_budget.training_figures(history(8), 9)
+
+
+IDS = [f"t/{i}" for i in range(8)]
+
+
+def point(arm, step, rl_val, samples=16):
+    dpo_val = [0.5] * 8
+    scores = {
+        name: {
+            "val": dict(zip(IDS, vals, strict=True)),
+            "humaneval": {"HumanEval/0": 0.0, "HumanEval/1": 1.0},
+            "heldout": {"h/0": 0.0},
+        }
+        for name, vals in (("dpo", dpo_val), ("didpo", rl_val))
+    }
+    claim = {"samples_per_problem": samples, "protocol": "p1", "engine": "openvino/f32", "n_problems": 8, "seed": 0}
+    return rl_budget.point_record(arm, step, claim, {"checkpoints": scores}, history(step), "sha")
+
+
+def test_a_point_measured_under_another_protocol_is_refused():
+    with pytest.raises(ValueError, match="4 answers per problem, not 16"):
+        point("rft", 6, [0.5] * 8, samples=4)
+    record = point("rft", 6, [0.75] * 8)
+    assert record["rollouts"] == 96 and record["training"]["rl_step_seconds"] == 60.0
+
+
+def test_the_decision_waits_for_all_arms_then_applies_holm(tmp_path, monkeypatch):
+    monkeypatch.setattr(rl_budget, "OUT", tmp_path)
+    gains = {"rft": [0.75] * 8, "grpo": [0.5] * 8, "didpo": [0.5] * 7 + [0.25]}
+    for arm in ("rft", "grpo"):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "step_0094.json").write_text(json.dumps(point(arm, 94, gains[arm])))
+    text = rl_budget.table(rl_budget.load_points())
+    assert "| rft | 1504 | 0.750 | +0.250" in text and "waiting for ['didpo']" in text
+    (tmp_path / "didpo").mkdir()
+    (tmp_path / "didpo" / "step_0094.json").write_text(json.dumps(point("didpo", 94, gains["didpo"])))
+    text = rl_budget.table(rl_budget.load_points())
+    # rft: all 8 problems +0.25, exact sign-flip p = 1/256 <= 0.05/3; grpo: no change (p = 1); didpo one worse
+    # ... but its HumanEval guard cannot pass on 2 unchanged problems: every change +0.03 over the margin, exact
+    # sign-flip p = 1/4
+    assert "rft at 1504 rollouts: p 0.0039, Holm rejects H0: passes Holm, fails the HumanEval guard" in text
+    assert "grpo at 1504 rollouts: p 1.0000, Holm keeps H0: no change detected" in text
+    assert "didpo at 1504 rollouts" in text and "Holm keeps H0" in text.split("didpo at")[1]
