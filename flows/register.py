@@ -60,6 +60,7 @@ def run(params_path: str = "params.yaml") -> dict:
             params.base_model.dtype,
             params.base_model.name_or_path,
             algo=algo,
+            measured_champion=measured.get("champion_version"),
         )
         decision = result.as_dict()
         write_json(decision, REGISTER_DECISION)

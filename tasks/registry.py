@@ -24,12 +24,18 @@ paired test in one line: Δ, interval, p, n, MDE), one tag per metric the decisi
 ``0.4091 (88 problems)``), ``didpo.protocol`` (the evaluation protocol id) and ``didpo.reasons``; a promoted version
 also carries ``didpo.previous_champion`` (the version it replaced, "" for the first), which `rollback_champion`
 follows. Every figure in full is in the register run's decision.json and the evaluate run's metrics.json.
+
+Two runs that promote at once (a team's scheduled runs on one registry) cannot corrupt the chain: the alias moves
+only under `promotion_lock`, and only after the current champion is read again and found to be the one the evaluate
+stage measured; a champion that changed since is not promoted against (the run says so and keeps its challenger).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +51,9 @@ NI_MIN_PROBLEMS = 8  # below this a non-inferiority test cannot pass: the second
 PIP_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
 TAG_PROTOCOL = "didpo.protocol"
 TAG_PREVIOUS = "didpo.previous_champion"
+LOCK_SUFFIX = ".promotion-lock"  # the registered model whose existence is the promotion lock of a model name
+LOCK_STALE_S = 600.0  # a lock older than this was left by a run that died holding it, and is taken over
+LOCK_WAIT_S = 300.0  # how long a run waits for another run's promotion before it fails
 
 
 class ProtocolMismatch(ValueError):
@@ -261,6 +270,79 @@ def current_champion(client, name: str):
         return None
 
 
+def _version(model_version) -> int | None:
+    return int(model_version.version) if model_version is not None else None
+
+
+@contextlib.contextmanager
+def promotion_lock(client, name: str, wait_s: float = LOCK_WAIT_S, stale_s: float = LOCK_STALE_S) -> Iterator[None]:
+    """Hold the registry-wide lock on promoting `name` for the block: the registered model ``<name>.promotion-lock``
+    exists exactly while one run holds it. Creating a registered model is atomic on every MLflow backend (its name is
+    the store's unique key, so one of two concurrent creates fails with ``RESOURCE_ALREADY_EXISTS``); the other run
+    waits (tenacity: exponential back-off from 0.2 s to 5 s) for up to `wait_s`. A lock older than `stale_s` was left
+    by a run that died holding it: it is deleted and taken.
+
+    Raises:
+        TimeoutError: the lock was not free within `wait_s` (names the lock to delete if its holder is gone).
+        mlflow.exceptions.MlflowException: any other registry error.
+    """
+    import tenacity
+    from mlflow.exceptions import MlflowException
+
+    lock = name + LOCK_SUFFIX
+
+    def taken(exc: BaseException) -> bool:
+        return isinstance(exc, MlflowException) and exc.error_code == "RESOURCE_ALREADY_EXISTS"
+
+    def acquire() -> None:
+        try:
+            client.create_registered_model(lock, description="held while a run moves the champion alias")
+        except MlflowException as exc:
+            if taken(exc):
+                with contextlib.suppress(MlflowException):
+                    held = client.get_registered_model(lock)
+                    if time.time() - held.creation_timestamp / 1000 > stale_s:
+                        client.delete_registered_model(lock)
+            raise
+
+    try:
+        tenacity.Retrying(
+            retry=tenacity.retry_if_exception(taken),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+            stop=tenacity.stop_after_delay(wait_s),
+            reraise=True,
+        )(acquire)
+    except MlflowException as exc:
+        if taken(exc):
+            raise TimeoutError(
+                f"registered model {lock!r} still exists after {wait_s:.0f} s: another run is promoting {name} (if "
+                "no run is, delete that registered model)"
+            ) from exc
+        raise
+    try:
+        yield
+    finally:
+        client.delete_registered_model(lock)
+
+
+def move_champion(client, name: str, version: str, measured: int | None) -> tuple[bool, int | None, str]:
+    """Make `version` of `name` the champion only if the champion is still `measured` (the version the evaluate stage
+    compared against; None: there was none), read again under `promotion_lock`. The new champion is tagged with the
+    version it replaced (``didpo.previous_champion``). Returns ``(moved, champion before, reason)``; not moved: the
+    reason says which champion took its place since the evaluation."""
+    with promotion_lock(client, name):
+        now = _version(current_champion(client, name))
+        if now != measured:
+            was = f"version {measured}" if measured is not None else "no champion"
+            return False, now, (
+                f"champion: version {now} since the evaluation, which measured {was}: not promoted against a champion "
+                "it was not compared with (evaluate and register again)"
+            )  # fmt: skip
+        client.set_model_version_tag(name, version, TAG_PREVIOUS, str(now) if now is not None else "")
+        client.set_registered_model_alias(name, CHAMPION, version)
+    return True, now, f"champion: version {version} (was {now if now is not None else 'none'})"
+
+
 def download_champion(model_name: str, dest: Path) -> int | None:
     """Save the registry's ``champion`` of ``model_name`` as a ``from_pretrained`` folder at ``dest`` (model and
     tokenizer) so it can be measured beside this run's checkpoints; returns its version, or None (no champion)."""
@@ -307,10 +389,12 @@ def register_and_decide(
     dtype: str = "auto",
     base_model: str = EMBEDDED_MODEL,
     algo: str | None = None,
+    measured_champion: int | None = None,
 ) -> RegisterResult:
     """Log `model_dir` (the candidate's merged checkpoint) to the active MLflow run, register it as a new version of
     ``cfg.model_name`` (alias ``challenger``), decide with `promotion_decision` against ``incumbent`` (the champion
-    measured in the same run, or the base model) and move ``champion`` when it wins. The model carries
+    measured in the same run, or the base model) and move ``champion`` when it wins and the champion is still
+    `measured_champion` (the version the evaluate stage measured, None for none: `move_champion`). The model carries
     `model_card` of ``base_model``; the version, `version_tags` (``algo``: ``didpo.algo``, shown for the RL
     checkpoint).
 
@@ -322,7 +406,6 @@ def register_and_decide(
     from models.policy import load_policy
 
     client = mlflow.MlflowClient()
-    champion = current_champion(client, cfg.model_name)
     decision = promotion_decision(candidate, incumbent, cfg)
 
     model, tokenizer = load_policy(model_dir, dtype=dtype)
@@ -335,23 +418,25 @@ def register_and_decide(
         registered_model_name=cfg.model_name,
     )
     version = str(info.registered_model_version)
-    tags = version_tags(candidate, decision, cfg, algo)
-    if decision.promote:
-        tags[TAG_PREVIOUS] = str(champion.version) if champion is not None else ""
-    for key, value in tags.items():
+    for key, value in version_tags(candidate, decision, cfg, algo).items():
         client.set_model_version_tag(cfg.model_name, version, key, value)
     client.set_registered_model_alias(cfg.model_name, CHALLENGER, version)
-    if decision.promote:
-        client.set_registered_model_alias(cfg.model_name, CHAMPION, version)
-    before = int(champion.version) if champion is not None else None
+    promoted, reasons = decision.promote, list(decision.reasons)
+    if promoted:
+        promoted, before, reason = move_champion(client, cfg.model_name, version, measured_champion)
+        reasons.append(reason)
+        if not promoted:
+            client.set_model_version_tag(cfg.model_name, version, "didpo.decision", "rejected: champion changed")
+    else:
+        before = _version(current_champion(client, cfg.model_name))
     return RegisterResult(
         model_name=cfg.model_name,
         version=int(version),
         checkpoint=candidate.name,
-        promoted=decision.promote,
-        reasons=decision.reasons,
+        promoted=promoted,
+        reasons=reasons,
         champion_before=before,
-        champion_after=int(version) if decision.promote else before,
+        champion_after=int(version) if promoted else before,
         primary_metric=cfg.primary_metric,
         incumbent=incumbent.name,
         protocol=candidate.protocol,

@@ -51,7 +51,7 @@ def test_help_is_plain_text_lists_the_stages_and_shows_the_version():
 
     names = stage_names()
     assert names[:3] == ["base_model", "prepare", "simulate_logs"] and names[-1] == "register" and len(names) == 13
-    for args in ([], ["run"], ["stage"], ["serve"], ["rollback"], ["plots"], ["ui"]):
+    for args in ([], ["run"], ["stage"], ["serve"], ["deploy"], ["team"], ["rollback"], ["plots"], ["ui"]):
         result = runner.invoke(app, [*args, "--help"])
         assert result.exit_code == 0, args
         for markup in ("``", "<bool>", "╭", "│"):
@@ -227,3 +227,21 @@ def test_ui_serves_both_uis_until_ctrl_c(tmp_path):
     assert not port_in_use(mlflow_port) and not port_in_use(prefect_port)
     left = subprocess.run(["pgrep", "-g", groups], capture_output=True, text=True).stdout.split()
     assert not left, f"server processes left: {left}"
+
+
+def test_deploy_needs_a_prefect_server_and_team_a_free_port(monkeypatch):
+    """`didpo deploy` without PREFECT_API_URL says what to set (exit 2); `didpo team` on a taken port names the option
+    (exit 1) before starting anything."""
+    import socket
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    result = runner.invoke(app, ["deploy", "--pool", "gpu"])
+    assert result.exit_code == 2 and "PREFECT_API_URL is not set" in result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        from flows.ui import free_port
+
+        result = runner.invoke(app, ["team", "--mlflow-port", str(free_port()), "--prefect-port", str(port)])
+    assert result.exit_code == 1 and f"prefect: port {port} is in use: --prefect-port N" in result.output

@@ -185,9 +185,9 @@ def test_registry_promotion_and_rollback(registry):
     root, model = registry
     client = mlflow.MlflowClient()
 
-    def register(candidate, incumbent):
+    def register(candidate, incumbent, measured=None):  # measured: the champion version evaluate compared with
         with mlflow.start_run():
-            return register_and_decide.fn(root / "model", candidate, incumbent, CFG)
+            return register_and_decide.fn(root / "model", candidate, incumbent, CFG, measured_champion=measured)
 
     def aliases():
         names = ("champion", "challenger")
@@ -203,21 +203,30 @@ def test_registry_promotion_and_rollback(registry):
     assert aliases() == {"champion": 2, "challenger": 2}
     assert first.test["p_value"] == 2**-14 and first.protocol == "p1"
 
-    worse = register(evidence("dpo", BASE), evidence("champion", BETTER))  # the champion is better
+    worse = register(evidence("dpo", BASE), evidence("champion", BETTER), 2)  # the champion is better
     assert (worse.promoted, worse.champion_after) == (False, 2) and aliases() == {"champion": 2, "challenger": 3}
     assert "not significant" in worse.reasons[0]
 
-    regressed = register(evidence("didpo", [1.0] * 20, fmt=0.5), evidence("champion", BETTER))  # format regression
+    regressed = register(evidence("didpo", [1.0] * 20, fmt=0.5), evidence("champion", BETTER), 2)  # format
     assert not regressed.promoted and aliases() == {"champion": 2, "challenger": 4}
 
-    better = register(evidence("didpo", [1.0] * 20), evidence("champion", BETTER))  # beats it, no regression
+    better = register(evidence("didpo", [1.0] * 20), evidence("champion", BETTER), 2)  # beats it, no regression
     assert (better.version, better.promoted, better.champion_before) == (5, True, 2)
+    assert better.reasons[-1] == "champion: version 5 (was 2)"
     assert aliases() == {"champion": 5, "challenger": 5}
     v5 = client.get_model_version(CFG.model_name, "5")
     assert v5.tags["didpo.previous_champion"] == "2" and v5.tags["didpo.decision"] == "promoted"
     assert v5.tags["didpo.protocol"] == "p1" and v5.tags["didpo.test"].startswith("val/pass@1: Δ +0.5250 [")
     assert v5.tags["didpo.val/pass_at_1"] == "1.0000 (20 problems)" and v5.tags["didpo.checkpoint"] == "didpo"
     assert client.get_model_version(CFG.model_name, "4").tags["didpo.reasons"].count("regression beyond") == 1
+
+    # a run that measured version 2 while another run promoted 5: it wins its test but keeps only its challenger
+    stale = register(evidence("didpo", [1.0] * 20), evidence("champion", BETTER), 2)
+    assert (stale.version, stale.promoted, stale.champion_before, stale.champion_after) == (6, False, 5, 5)
+    assert stale.reasons[-1].startswith("champion: version 5 since the evaluation, which measured version 2")
+    assert aliases() == {"champion": 5, "challenger": 6}
+    assert client.get_model_version(CFG.model_name, "6").tags["didpo.decision"] == "rejected: champion changed"
+    assert CFG.model_name + ".promotion-lock" not in [m.name for m in client.search_registered_models()]
 
     # the logged model is the tiny model, with explicit pinned requirements; the champion can be re-measured
     assert download_champion(CFG.model_name, root / "champion") == 5
@@ -248,3 +257,25 @@ def test_registry_promotion_and_rollback(registry):
     assert client.get_model_version(CFG.model_name, "5").tags["didpo.rolled_back"] == "champion moved back to 2"
     again = runner.invoke(app, ["rollback", "--params", str(root / "params.yaml")])
     assert again.exit_code == 1 and "version 2 is the first champion" in again.output
+
+
+def test_the_promotion_lock_waits_for_its_holder_and_takes_over_a_stale_one(registry):
+    """`promotion_lock`: a held lock makes another run wait and then fail naming it; a lock older than ``stale_s``
+    (its holder died) is taken over; the block's end releases it."""
+    import mlflow
+
+    from tasks.registry import promotion_lock
+
+    client = mlflow.MlflowClient()
+    lock = CFG.model_name + ".promotion-lock"
+    with promotion_lock(client, CFG.model_name):
+        assert client.get_registered_model(lock).name == lock
+        with pytest.raises(TimeoutError, match=f"registered model '{lock}' still exists after 1 s"):
+            with promotion_lock(client, CFG.model_name, wait_s=1.0):
+                pass
+    assert lock not in [m.name for m in client.search_registered_models()]
+
+    client.create_registered_model(lock)  # left behind by a run that died holding it
+    with promotion_lock(client, CFG.model_name, wait_s=5.0, stale_s=0.0):
+        assert client.get_registered_model(lock).name == lock
+    assert lock not in [m.name for m in client.search_registered_models()]
