@@ -271,9 +271,11 @@ def evaluation_key(
 ) -> str:
     """The identity of one checkpoint's evaluation (64 hex digits): sha256 over the checkpoint's weights digest
     (`models.checkpoint.checkpoint_hash`), the dtype it is loaded in, the protocol id (`protocol_record`: problems,
-    answers per problem, sampling settings, seed, engine), every ``evaluate`` and ``verifier`` setting, and the path and
-    bytes of each of ``code_files`` (the evaluation code). Answers are sampled with per-sample seeds, so two evaluations
-    with one key compute the same figures. Raises FileNotFoundError for a missing checkpoint or code file."""
+    answers per problem, sampling settings, seed, engine), every ``evaluate`` setting but ``checkpoints`` (which other
+    checkpoints the run measures), every ``verifier`` setting, and the path and bytes of each of ``code_files`` (the
+    code that produces answers and verdicts: `flows.evaluate.evaluation_code`). Answers are sampled with per-sample
+    seeds, so two evaluations with one key compute the same figures. Raises FileNotFoundError for a missing checkpoint
+    or code file."""
     from dataclasses import asdict
 
     from models.checkpoint import checkpoint_hash
@@ -283,7 +285,7 @@ def evaluation_key(
         "checkpoint": checkpoint_hash(checkpoint),
         "dtype": dtype,
         "protocol": protocol_id,
-        "evaluate": asdict(cfg),
+        "evaluate": {k: v for k, v in asdict(cfg).items() if k != "checkpoints"},  # which others are measured
         "verifier": asdict(verifier_cfg),
     }
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())

@@ -2,6 +2,7 @@
 measured end to end on a tiny model in the real sandbox."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -371,6 +372,10 @@ def test_an_evaluation_is_reused_only_for_the_same_weights_protocol_settings_and
     cfg = EvaluateConfig(n_samples=4, max_new_tokens=8, process_problems=0)
     key = evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(), [code])
     assert key == evaluation_key(tmp_path / "model0", "float32", cfg, "p1", VerifierSection(), [code])
+    # which other checkpoints the run measures does not decide this one's figures
+    assert key == evaluation_key(
+        tmp_path / "model0", "float32", replace(cfg, checkpoints=("dpo",)), "p1", VerifierSection(), [code]
+    )
     changed = [
         evaluation_key(tmp_path / "model1", "float32", cfg, "p1", VerifierSection(), [code]),
         evaluation_key(tmp_path / "model0", "bfloat16", cfg, "p1", VerifierSection(), [code]),
@@ -404,3 +409,38 @@ def test_an_evaluation_is_reused_only_for_the_same_weights_protocol_settings_and
     assert (tmp_path / "run2/val.jsonl").read_text() == (tmp_path / "run1/val.jsonl").read_text()
     assert (tmp_path / "run3/val.jsonl").read_text() == (tmp_path / "run1/val.jsonl").read_text()
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key]  # no temporary folder left
+
+
+def test_the_evaluation_cache_ignores_watching_code_and_follows_computing_code(tmp_path, monkeypatch):
+    """`flows.evaluate.evaluation_code` in a copy of the project: a log line added to tasks/tracking.py, the stage's
+    flow or the registry leaves the code list's bytes (so every cached evaluation) as they were; an edit to the
+    verifier, the sampler or the stage's task changes them."""
+    import hashlib
+    import shutil
+
+    from flows.evaluate import evaluation_code
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("models", "sandbox", "tasks", "flows"):
+        shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(tmp_path)
+
+    def fingerprint():
+        digest = hashlib.sha256()
+        for path in evaluation_code():
+            digest.update(str(path).encode() + path.read_bytes())
+        return digest.hexdigest()
+
+    code = {str(p) for p in evaluation_code()}
+    assert {"tasks/evaluate.py", "models/measure.py", "sandbox/verifier.py", "sandbox/worker.py"} <= code
+    assert not {"tasks/tracking.py", "tasks/registry.py", "flows/evaluate.py"} & code
+    before = fingerprint()
+    for watching in ("tasks/tracking.py", "flows/evaluate.py", "tasks/registry.py", "flows/paths.py"):
+        with open(watching, "a") as f:
+            f.write("\nprint('a new log line')\n")
+    assert fingerprint() == before
+    for computing in ("sandbox/verifier.py", "models/sampling.py", "tasks/evaluate.py"):
+        with open(computing, "a") as f:
+            f.write("\n# changed\n")
+        assert fingerprint() != before, computing
+        before = fingerprint()

@@ -4,17 +4,16 @@ stage's project-module ``deps`` are exactly the modules its flow imports, follow
 (function-local ones included), so editing any of them makes ``dvc repro`` re-run the stage and editing any other
 does not."""
 
-import ast
 from pathlib import Path
 
 import yaml
 
 import flows.paths as paths
+from flows import code_graph
+from flows.code_graph import PACKAGES, import_closure, project_imports
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = ("models", "sandbox", "tasks", "flows")
-# Modules started as scripts rather than imported (the verifier runs `python -I sandbox/worker.py`).
-SCRIPTS = {"sandbox.verifier": {"sandbox.worker"}}
+PROJECT = PACKAGES
 
 
 def _stages() -> dict[str, dict]:
@@ -35,35 +34,7 @@ def _under(path: str, folder: str) -> bool:
 
 
 def project_modules() -> dict[str, Path]:
-    """Project module name → file (``models.sft`` → models/sft.py)."""
-    return {
-        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
-        for d in PROJECT
-        for p in (ROOT / d).glob("*.py")
-        if p.name != "__init__.py"
-    }
-
-
-def project_imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``path`` imports anywhere in its body (``from a import b`` counts ``a.b`` when that is a
-    module)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-    return {name for name in names if name in modules}
-
-
-def import_closure(start: str, modules: dict[str, Path]) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += project_imports(modules[name], modules) | SCRIPTS.get(name, set())
-    return seen
+    return code_graph.project_modules(ROOT)
 
 
 def _stage_paths() -> dict[str, str]:
