@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.code_graph import import_closure, project_imports, project_modules
+from flows.code_graph import WATCHING, import_closure, project_imports, project_modules
 from flows.paths import (
     CHECKPOINTS,
     EVAL_DELTAS,
@@ -134,18 +134,18 @@ def selection_prefix(params) -> int:
     return max(used.values())
 
 
-# What the evaluate stage runs that cannot change a figure: how it is logged (tracking), where the champion comes from
-# (registry; its weights are in the key), the stage's wiring and paths (flows: the settings and the protocol they pass
-# are in the key). Editing them keeps every cached evaluation valid.
-WATCHING = frozenset({"tasks.tracking", "tasks.registry"})
+# What the evaluate stage runs that cannot change a figure: how it is logged (`flows.code_graph.WATCHING`), where the
+# champion comes from (tasks.registry; its weights are in the key), the stage's wiring and paths (flows: the settings
+# and the protocol they pass are in the key). Editing them keeps every cached evaluation valid.
+EVAL_WATCHING = WATCHING | {"tasks.registry"}
 
 
 def evaluation_code(root: Path = Path(".")) -> list[Path]:
     """The code that produces the evaluate stage's answers and verdicts (part of `evaluation_key`): every project
-    module this stage's flow imports, followed through their imports, less the flows (wiring) and `WATCHING`; paths
+    module this stage's flow imports, followed through their imports, less the flows (wiring) and `EVAL_WATCHING`; paths
     relative to `root`, the project root and working directory."""
     modules = project_modules(root)
-    watching = WATCHING | {name for name in modules if name.startswith("flows.")}
+    watching = EVAL_WATCHING | {name for name in modules if name.startswith("flows.")}
     starts = project_imports(modules["flows.evaluate"], modules) - watching
     closure = set().union(*(import_closure(name, modules, watching) for name in starts))
     return sorted(modules[name].relative_to(root) for name in closure)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import yaml
 
 from tasks.config import EMBEDDED_MODEL, InputError, Params
 from tasks.jsonl import parse_line
+from tasks.problem_families import FAMILIES
 
 # A Hugging Face hub id: ``name`` or ``owner/name`` (letters, digits, ``-``, ``_``, ``.``).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -156,6 +157,20 @@ def check_inputs(
         problem = input_problem(item, writer)
         if problem:
             problems.append(problem)
+    if wanted is None or "prepare" in wanted:
+        problems += heldout_family_problems(params.prepare.heldout_families)
     if problems:
         raise InputError("\n".join(f"{source}: {line}" for line in problems))
     return checked
+
+
+def heldout_family_problems(heldout: Sequence[str]) -> list[str]:
+    """What is wrong with ``prepare.heldout_families`` (a name not in the catalogue, or every family held out), one
+    line each naming the key; [] when nothing is."""
+    known = [family.name for family in FAMILIES]
+    unknown = [name for name in heldout if name not in known]
+    if unknown:
+        return [f"prepare.heldout_families: {unknown} are not generated families; known: {known}"]
+    if len(set(heldout)) >= len(known):
+        return ["prepare.heldout_families holds out every family: nothing is left to train on"]
+    return []

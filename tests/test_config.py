@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import ConfigError, Params, load_params, parse_params
+from tasks.config import ConfigError, InputError, Params, load_params, parse_params
 from tests.test_stage_graph import project_imports, project_modules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,12 +140,17 @@ def test_rl_budget_must_cover_the_evaluations():
     assert parse_params(raw).didpo.max_new_tokens == raw["evaluate"]["max_new_tokens"]
 
 
-def test_heldout_families_are_refused_at_load_unless_generated():
+def test_heldout_families_are_refused_before_a_run_unless_generated():
+    """Checked before any stage starts (`tasks.inputs.check_inputs`), not at load: the configuration does not import
+    the family catalogue."""
+    from tasks.inputs import check_inputs
+
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert parse_params(raw).prepare.heldout_families == ("parse_booleans", "group_records")
     raw["prepare"]["heldout_families"] = ["parse_booleans", "parse_bools"]
-    with pytest.raises(ConfigError, match=r"prepare\.heldout_families: \['parse_bools'\] are not generated families"):
-        parse_params(raw)
+    params = parse_params(raw)
+    with pytest.raises(InputError, match=r"prepare\.heldout_families: \['parse_bools'\] are not generated families"):
+        check_inputs(params, ["prepare"])
 
 
 # ------------------------------------------------------------ configuration is a leaf (issue 20)
@@ -197,7 +202,7 @@ def test_config_modules_are_leaves_and_the_import_graph_has_no_circle():
     files = project_modules()
     graph = {name: project_imports(path, files) - {name} for name, path in files.items()}
     assert graph["models.config"] == set()
-    assert graph["tasks.config"] == {"models.config", "tasks.problem_families"}
+    assert graph["tasks.config"] == {"models.config"}  # family names are checked where they are used
     assert graph["tasks.problem_families"] == set()
     # depth-first search for a back edge; `path` is the chain being explored
     state: dict[str, str] = {}

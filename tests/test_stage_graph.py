@@ -10,7 +10,7 @@ import yaml
 
 import flows.paths as paths
 from flows import code_graph
-from flows.code_graph import PACKAGES, import_closure, project_imports
+from flows.code_graph import PACKAGES, WATCHING, import_closure, project_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = PACKAGES
@@ -76,7 +76,8 @@ def test_every_stage_deps_are_the_modules_its_flowproject_imports():
     wrong = {}
     for stage, spec in _stages().items():
         deps = [str(d) for d in spec.get("deps", [])]
-        needed = sorted(str(modules[m].relative_to(ROOT)) for m in import_closure(f"flows.{stage}", modules))
+        closure = import_closure(f"flows.{stage}", modules, WATCHING)
+        needed = sorted(str(modules[m].relative_to(ROOT)) for m in closure)
         lacking = [path for path in needed if not any(_under(path, d) for d in deps)]
         extra = [d for d in deps if d.endswith(".py") and d.split("/")[0] in PROJECT and d not in needed]
         if lacking or extra:
@@ -133,3 +134,43 @@ def test_dvc_lock_records_the_committed_code():
                 if (hashlib.md5(data).hexdigest(), len(data)) != (dep["md5"], dep["size"]):
                     stale.append(f"{stage}: {dep['path']}")
     assert checked > 200 and not stale, stale
+
+
+def test_editing_a_watching_module_leaves_every_stage_up_to_date(tmp_path):
+    """In a copy of the project (git-tracked files, docs aside): `dvc status` names no code dependency as changed;
+    after a log line is added to tasks/tracking.py it still names none, while the same edit to models/config.py (code
+    every stage computes with) marks every stage changed. tasks/tracking.py is no stage's dependency."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    assert not any("tasks/tracking.py" in spec.get("deps", []) for spec in _stages().values())
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    for name in tracked:
+        if not name.startswith("docs/") and (ROOT / name).is_file():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tmp_path / name)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+
+    def changed_code() -> dict[str, list[str]]:
+        out = subprocess.run(["dvc", "status", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        changed = {}
+        for stage, entries in json.loads(out.stdout or "{}").items():
+            for entry in entries:
+                deps = entry.get("changed deps", {}) if isinstance(entry, dict) else {}
+                code = sorted(path for path in deps if path.endswith(".py"))
+                if code:
+                    changed[stage.rsplit(":", 1)[-1]] = code
+        return changed
+
+    assert changed_code() == {}
+    with open(tmp_path / "tasks/tracking.py", "a") as f:
+        f.write("\nprint('a new log line')\n")
+    assert changed_code() == {}
+    with open(tmp_path / "models/config.py", "a") as f:
+        f.write("\nprint('a new log line')\n")
+    assert set(changed_code()) == set(_stages())
