@@ -4,9 +4,9 @@ own first rule alone, on the default simulator and on raters the miner does not 
 
     .venv/bin/python -m benchmarks.bench_mining [--events 20000] [--users 500] [--big-events 1000000]
 
-Data: the ``train`` split of the bundled generated problems (``tasks.generate``, params.yaml defaults), the
-simulator (:func:`tasks.simulate_logs.simulate_logs`) with the sandboxed verifier
-(:class:`sandbox.verifier.Verifier`) deciding correctness, and :func:`tasks.mine.mine_pairs` with the default
+Data: the ``train`` split of the bundled generated problems (``datalib.generate``, params.yaml defaults), the
+simulator (:func:`datalib.simulate_logs.simulate_logs`) with the sandboxed verifier
+(:class:`sandbox.verifier.Verifier`) deciding correctness, and :func:`datalib.mine.mine_pairs` with the default
 :class:`MineConfig`.
 
 **What this does and does not show.** The default simulator's raters behave as the miner assumes (a rater either
@@ -17,7 +17,7 @@ against the others' consensus, the consensus check, the similarity filter, dedup
 measured, and ``MineConfig`` has no switch that turns the Fisher test off, so the rule is written out here). Both
 sides get the same event frame (checked: ``CHECK same_work``). Then the same comparison runs on logs where a share
 of users behaves in ways the miner does not model (:data:`SCENARIOS`, opt-in :class:`SimSettings` fields,
-documented in :mod:`tasks.simulate_logs`): length-biased raters, a colluding group up-voting designated wrong
+documented in :mod:`datalib.simulate_logs`): length-biased raters, a colluding group up-voting designated wrong
 answers, and raters whose accuracy decays or flips over time. A scenario where the miner is less precise than the
 first rule alone is reported as such.
 
@@ -162,7 +162,7 @@ def fingerprint(events: pd.DataFrame) -> tuple[int, int, str]:
 
 def run_both(events: pd.DataFrame, cfg) -> dict[str, Any]:
     """Our miner and the first-rule baseline on the same event frame, with what each side was fed recorded."""
-    from tasks.mine import mine_pairs
+    from datalib.mine import mine_pairs
 
     fed: dict[str, Any] = {"ours": fingerprint(events)}
     t0 = time.perf_counter()
@@ -202,11 +202,11 @@ def main() -> None:
     parser.add_argument("--verifier-workers", type=int, default=0, help="sandbox workers (0: one per CPU core)")
     args = parser.parse_args()
 
+    from datalib.generate import assign_splits, generate_problems
+    from datalib.mine import mine_pairs
+    from datalib.simulate_logs import SimSettings, simulate_logs
     from sandbox.verifier import Verifier, VerifierConfig
     from tasks.config import MineConfig, PrepareConfig
-    from tasks.generate import assign_splits, generate_problems
-    from tasks.mine import mine_pairs
-    from tasks.simulate_logs import SimSettings, simulate_logs
 
     prep = PrepareConfig()
     problems = assign_splits(generate_problems(prep.n_problems, prep.seed), prep.seed, prep.val_frac, prep.test_frac)

@@ -37,7 +37,7 @@ from repeats import alternate, check_same_work, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COPY = ["flows", "tasks", "models", "sandbox", "dvc.yaml", "params.yaml", "pyproject.toml"]
+COPY = ["flows", "tasks", "models", "sandbox", "datalib", "dvc.yaml", "params.yaml", "pyproject.toml"]
 
 DIRECT = """
 from pathlib import Path

@@ -103,11 +103,11 @@ def previous_update(old, model, rollouts, cfg, step, optimizer, params, generato
 def load_rollouts(tokenizer, cfg, step: int):
     """The committed default run's rollouts of `step` as `models.didpo.Rollout`s in group order (rft: the passing
     answers of groups with one, as its loop trains)."""
+    from datalib.exercises import exercise_problems
+    from datalib.generate import generate_problems
     from models.didpo import Rollout
     from models.prompts import user_message
     from models.sampling import Completion, build_chat_prompt, extract_code
-    from tasks.exercises import exercise_problems
-    from tasks.generate import generate_problems
 
     rows = [json.loads(line) for line in ROLLOUTS.read_text().splitlines()]
     rows = [r for r in rows if r["step"] == step]

@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 from repeats import alternate, check_same_work, spread
 
-from tasks.jsonl import iter_jsonl
-from tasks.schema import EVENT_FIELDS
+from datalib.jsonl import iter_jsonl
+from datalib.schema import EVENT_FIELDS
 from tasks.validate import load_suite, validate_feedback_logs
 
 FIELDS = EVENT_FIELDS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGES = ("models", "sandbox", "tasks", "flows")
+PACKAGES = ("models", "sandbox", "datalib", "tasks", "flows")
 # Modules that watch a stage and cannot change what it writes: how it is logged (MLflow runs, metrics, tags). They are
 # no stage's DVC dependency (tests/test_stage_graph.py), so editing them re-runs nothing.
 WATCHING = frozenset({"tasks.tracking"})

@@ -1,5 +1,5 @@
 """Stage ``mine``: preference pairs from validated feedback logs (denoised, PII-scrubbed) + human pairs. No pair kept
-is a warning with the counts of why and the ``mine`` keys to turn (`tasks.mine.no_pairs_warning`)."""
+is a warning with the counts of why and the ``mine`` keys to turn (`datalib.mine.no_pairs_warning`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ HEADLINE = {"pairs": "pairs_kept"}  # the DVC metric (tasks.io.headline)
 @flow(name="mine")
 def run(params_path: str = "params.yaml") -> dict:
     """Mine, write pairs and the mining report (counts per rule, category, source); returns the report."""
-    from tasks.mine import EVENT_COLUMNS, HUMAN_COLUMNS, mine_pairs, no_pairs_warning
+    from datalib.mine import EVENT_COLUMNS, HUMAN_COLUMNS, mine_pairs, no_pairs_warning
 
     params = load_params(params_path)
     with tracking.stage_run("mine", params.tracking, params.mine, inputs=(str(VALID_LOGS), str(VALID_PAIRS))):

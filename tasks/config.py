@@ -1,7 +1,7 @@
 """params.yaml → one frozen, documented dataclass per section; the whole file is :class:`Params`.
 
 A leaf: this module imports only `models.config` (the learning sections: sft, dpo, didpo, selfplay), the names of
-the generated families (`tasks.problem_families`, plain Python) and pydantic + PyYAML, so reading params.yaml never
+the generated families (`datalib.problem_families`, plain Python) and pydantic + PyYAML, so reading params.yaml never
 imports torch, prefect, mlflow or pandas (tests/test_config.py checks it in a fresh interpreter).
 
 One validation style, the same in every section: a section is a frozen standard dataclass whose ``__post_init__``
@@ -94,12 +94,12 @@ class PrepareConfig:
     seed: generator and split seed. n_problems: generated data-cleaning problems (≥ 100).
     val_frac / test_frac: fractions of variant groups held out (split by group, never by sample), each in (0, 0.5).
     include_humaneval: import HumanEval's 164 problems as the evaluation-only ``humaneval`` split.
-    include_exercises: add the 312 general Python exercises (:mod:`tasks.exercises`) to ``train``: data diversity
+    include_exercises: add the 312 general Python exercises (:mod:`datalib.exercises`) to ``train``: data diversity
         so SFT does not carry the data-cleaning template into other tasks (README, SFT recipe).
     user_problems: extra JSONL files in the problem schema (data/README.md); their rows keep a ``split`` if given.
     heldout_families: generated families held out whole as the evaluation-only ``heldout`` split (never trained on,
         not in val or test): in-family figures measure unseen variants, these measure unseen tasks. Their names are
-        checked where they are used (`tasks.generate.assign_splits`) and before a run (`tasks.inputs.check_inputs`),
+        checked where they are used (`datalib.generate.assign_splits`) and before a run (`tasks.inputs.check_inputs`),
         so that the configuration does not import the 2,500-line family catalogue (every stage reads it).
     """
 
@@ -151,11 +151,11 @@ class ValidateConfig:
 @dataclass(frozen=True)
 class SimulateConfig:
     """``simulate_logs``: the embedded default's feedback logs (no public production log ships offline; consumer:
-    `tasks.simulate_logs`).
+    `datalib.simulate_logs`).
 
     n_events: events written (double clicks included). n_users: distinct users. n_prompts: distinct train problems
     asked about (each ≥ 1). seed: the simulator's only randomness. The user behaviour model is
-    ``tasks.simulate_logs.SimSettings``.
+    ``datalib.simulate_logs.SimSettings``.
     """
 
     n_events: int = 20_000
@@ -258,7 +258,7 @@ class GateConfig:
 
 @dataclass(frozen=True)
 class MineConfig:
-    """``mine``: how preference pairs are mined from feedback logs (consumer: `tasks.mine`, whose docstring gives the
+    """``mine``: how preference pairs are mined from feedback logs (consumer: `datalib.mine`, whose docstring gives the
     steps).
 
     alpha: significance level of the per-user one-sided Fisher test (ratings vs leave-one-out consensus); a user

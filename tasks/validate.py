@@ -8,7 +8,7 @@ The contracts are GX 1.x ExpectationSuite JSON files in ``data/expectations/`` (
 One dataset is validated in three steps; every input line ends up in exactly one of the two outputs
 (``rows_valid + rows_quarantined == rows_in``, blank lines included):
 
-1. parse (:mod:`tasks.jsonl`): blank lines, invalid UTF-8, invalid JSON and non-object JSON are quarantined;
+1. parse (:mod:`datalib.jsonl`): blank lines, invalid UTF-8, invalid JSON and non-object JSON are quarantined;
 2. schema pass: the null/type expectations run on a pandas frame of the parsed objects (index = line number);
 3. value pass: every other expectation runs on the same frame with the values that failed step 2 set to null,
    so a wrong-typed value cannot make a value check raise, and each row still gets every reason that applies.
@@ -27,13 +27,13 @@ the problem source itself is broken). :func:`ensure_passed` raises :class:`Valid
 
 What is written (feedback logs and preference pairs; problems are code and are written as they are):
 
-- fields that are neither in the dataset's schema (:mod:`tasks.schema`) nor named by its suite are dropped from
+- fields that are neither in the dataset's schema (:mod:`datalib.schema`) nor named by its suite are dropped from
   valid rows and from quarantine records, and counted per field name in ``DatasetReport.dropped_fields``;
-- with a ``redact`` scrubber (the stage passes :func:`tasks.pii.scrub_text`), every string of a row (nested ones
+- with a ``redact`` scrubber (the stage passes :func:`datalib.pii.scrub_text`), every string of a row (nested ones
   too) is scrubbed before it is written, in valid rows and quarantine records alike, and so are the reasons, notes
   and dropped field names. Identifiers (``event_id``, ``user_id``, ``session_id``; ``annotator``) are keys for
   the mine stage, so one that the scrubber would change (an e-mail as ``user_id``) is replaced whole by its
-  :func:`tasks.pii.pseudonym` (``user-`` + 16 hex digits of an HMAC-SHA256): the same e-mail gets the same id in
+  :func:`datalib.pii.pseudonym` (``user-`` + 16 hex digits of an HMAC-SHA256): the same e-mail gets the same id in
   every row, two e-mails two ids; identifiers without PII are kept as they are. A line that did not parse is
   scrubbed as text.
 
@@ -56,12 +56,12 @@ from typing import TYPE_CHECKING, Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from datalib.generate import normalise_text as normalise_prompt  # the leakage key, one definition
+from datalib.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
+from datalib.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 from tasks.config import ValidateConfig
-from tasks.generate import normalise_text as normalise_prompt  # the leakage key, one definition
 from tasks.io import atomic_write_lines
-from tasks.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
 from tasks.sandbox import make_verifier
-from tasks.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -428,7 +428,7 @@ class _Writer:
         out = {k: v for k, v in obj.items() if self.keep is None or k in self.keep}
         if self.redact is None:
             return out
-        from tasks.pii import pseudonym
+        from datalib.pii import pseudonym
 
         for k, v in out.items():
             if k in self.ids and isinstance(v, str):
@@ -613,7 +613,7 @@ def validate_feedback_logs(
     """Validate a feedback-log JSONL file against ``data/expectations/feedback_logs.json``.
 
     max_text_chars: the upper bound on prompt and response lengths (characters; the suite's ``max_text_chars``
-    parameter). redact: a text scrubber (e.g. ``tasks.pii.scrub_text``) applied before anything is written: to every
+    parameter). redact: a text scrubber (e.g. ``datalib.pii.scrub_text``) applied before anything is written: to every
     string of valid and quarantined rows, with ``event_id``, ``user_id`` and ``session_id`` pseudonymised instead
     when it would change them, and to reasons and notes (module docstring). Fields outside the schema are dropped
     and counted in ``dropped_fields``, with or without ``redact``. Outputs and errors as :func:`validate_problems`.
@@ -790,7 +790,7 @@ def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine
 @task(cache_policy=NO_CACHE)
 def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Feedback-log contract; PII and secrets are scrubbed from everything written (valid rows and quarantine)."""
-    from tasks.pii import scrub_text
+    from datalib.pii import scrub_text
 
     return validate_feedback_logs(
         source,
@@ -805,7 +805,7 @@ def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_q
 @task(cache_policy=NO_CACHE)
 def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Human preference-pair contract (chosen ≠ rejected, non-empty); PII and secrets scrubbed as for the logs."""
-    from tasks.pii import scrub_text
+    from datalib.pii import scrub_text
 
     return validate_pairs(
         source,

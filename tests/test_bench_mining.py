@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from benchmarks.bench_mining import fingerprint, first_rule_pairs, precision, run_both, same_work_problems
+from datalib.simulate_logs import simulate_logs
 from tasks.config import MineConfig
-from tasks.simulate_logs import simulate_logs
 from tests.test_simulate_logs import PROBLEMS, exec_check
 
 

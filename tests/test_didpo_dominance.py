@@ -33,9 +33,9 @@ CHEAP_PHI = dict(w_syntax=0.0, w_style=0.0, w_semantic=0.0, w_task=1.0)  # subst
 
 @functools.lru_cache(maxsize=1)
 def bundled_problems() -> tuple[dict, ...]:
-    """The embedded default's problems: `tasks.prepare` generates them with `tasks.generate.generate_problems`."""
+    """The embedded default's problems: `tasks.prepare` generates them with `datalib.generate.generate_problems`."""
+    from datalib.generate import generate_problems
     from tasks.config import PrepareConfig
-    from tasks.generate import generate_problems
 
     cfg = PrepareConfig()
     return tuple(generate_problems(cfg.n_problems, cfg.seed))

@@ -421,7 +421,7 @@ def test_the_evaluation_cache_ignores_watching_code_and_follows_computing_code(t
     from flows.evaluate import evaluation_code
 
     root = Path(__file__).resolve().parents[1]
-    for package in ("models", "sandbox", "tasks", "flows"):
+    for package in ("models", "sandbox", "datalib", "tasks", "flows"):
         shutil.copytree(root / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.chdir(tmp_path)
 

@@ -4,10 +4,10 @@ they share nothing with HumanEval (the decontamination check is shown to fire on
 import json
 from collections import Counter
 
+from datalib.exercises import FAMILY, INSTRUCTION, KINDS, N_VARIANTS, SOURCE, exercise_problems, humaneval_overlap
 from models.prompts import code_to_complete, user_message
 from models.sft import render_answer
 from tasks.config import PrepareConfig
-from tasks.exercises import FAMILY, INSTRUCTION, KINDS, N_VARIANTS, SOURCE, exercise_problems, humaneval_overlap
 from tasks.prepare import humaneval_problems, prepare_report
 from tasks.validate import FIELDS
 

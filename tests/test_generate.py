@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.generate import (
+from datalib.generate import (
     FIELDS,
     GENERATOR_VERSION,
     SOURCE,
@@ -28,7 +28,7 @@ from tasks.generate import (
     render_problem,
     split_key,
 )
-from tasks.problem_families import FAMILIES, catalogue
+from datalib.problem_families import FAMILIES, catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 1600
@@ -121,7 +121,7 @@ def test_same_seed_same_bytes_and_prefix_stable(problems):
 def test_same_bytes_in_other_processes(problems):
     # Salted str hashing must not leak into the output: two fresh interpreters with different hash seeds.
     code = (
-        "import hashlib, json; from tasks.generate import generate_problems; "
+        "import hashlib, json; from datalib.generate import generate_problems; "
         "ps = generate_problems(300, seed=0); "
         "print(hashlib.sha256('\\n'.join(json.dumps(p, sort_keys=True) for p in ps).encode()).hexdigest())"
     )

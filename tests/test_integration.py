@@ -25,6 +25,7 @@ COPY = [
     "tasks",
     "models",
     "sandbox",
+    "datalib",
     "data/expectations",
     "data/raw",
     "dvc.yaml",

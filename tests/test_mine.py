@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy.stats import fisher_exact
 
+from datalib.mine import PAIR_COLUMNS, mine_pairs, no_pairs_warning, rate_users, similarity
+from datalib.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tasks.config import MineConfig
-from tasks.mine import PAIR_COLUMNS, mine_pairs, no_pairs_warning, rate_users, similarity
-from tasks.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tests.test_simulate_logs import PROBLEMS, exec_check
 
 N_RESPONSES = 20  # per side: GOOD[k] is the good answer to prompt k, BAD[k] the bad one

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.pii import PLACEHOLDERS, RULES, find_pii, pseudonym, scrub_frame, scrub_series, scrub_text
+from datalib.pii import PLACEHOLDERS, RULES, find_pii, pseudonym, scrub_frame, scrub_series, scrub_text
 
 CASES = [
     ("email", "mail maria.gonzalez42@example.com today", "maria.gonzalez42@example.com", "<EMAIL>"),

@@ -293,7 +293,7 @@ def test_error_recovery_reaches_one_for_a_model_that_rewrites_the_damaged_code(s
     line shifts its remainder by one line, which now and then writes the missing line back) on the same prefixes:
     the metric spans its range, and the 0.000 measured for every checkpoint says the models never rewrite the code
     a mistake damaged."""
-    from tasks.generate import generate_problems
+    from datalib.generate import generate_problems
 
     problems = [PROBLEM, *generate_problems(12, seed)]
     fixed = pm.error_recovery(problems, rewrite_after_mistake, run_tests, n_prefixes=3, n_samples=2, seed=seed)

@@ -13,9 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.sampling import extract_code
-from tasks.pii import scrub_text
-from tasks.simulate_logs import (
+from datalib.pii import scrub_text
+from datalib.simulate_logs import (
     BEHAVIOURS,
     EVENT_COLUMNS,
     EXTRA_BEHAVIOURS,
@@ -30,6 +29,7 @@ from tasks.simulate_logs import (
     simulate_logs,
     strip_comments,
 )
+from models.sampling import extract_code
 
 
 def _problem(task_id, family, entry_point, instruction, doc, steps, tests):

@@ -109,7 +109,7 @@ def test_architecture_page_names_every_stage_and_only_modules_the_stageproject_i
     assert set(rows) == set(_stages())
     for stage, (work, learning) in rows.items():
         closure = import_closure(f"flows.{stage}", modules)
-        named = {f"tasks.{n}" for n in re.findall(r"(\w+)\.py", work)}
+        named = {f"{pkg or 'tasks'}.{n}" for pkg, n in re.findall(r"(?:(datalib)/)?(\w+)\.py", work)}
         named |= {f"{pkg or 'models'}.{n}" for pkg, n in re.findall(r"(?:(sandbox)/)?(\w+)\.py", learning)}
         assert named, stage
         assert named <= closure, f"{stage}: the page names {sorted(named - closure)}, which the stage does not import"
@@ -174,3 +174,20 @@ def test_editing_a_watching_module_leaves_every_stage_up_to_date(tmp_path):
     with open(tmp_path / "models/config.py", "a") as f:
         f.write("\nprint('a new log line')\n")
     assert set(changed_code()) == set(_stages())
+
+
+def test_computing_code_imports_no_orchestration_or_tracking():
+    """models/, sandbox/ and datalib/ (what decides a stage's outputs) import nothing of Prefect, MLflow, DVC or Great
+    Expectations, anywhere in a module (function-local imports included): flows wire them."""
+    import ast
+
+    banned = {"prefect", "mlflow", "dvc", "great_expectations"}
+    found = []
+    for package in ("models", "sandbox", "datalib"):
+        for path in sorted((ROOT / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in banned]
+    assert not found, found

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.jsonl import iter_jsonl, parse_line
+from datalib.jsonl import iter_jsonl, parse_line
 from tasks.validate import (
     EXPECTATIONS_DIR,
     SuiteError,

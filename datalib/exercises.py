@@ -15,7 +15,7 @@ solution in any exercise.
 
 Each kind is a function of the variant index ``v`` (0..5) that picks the function name, argument names and constants
 from short tuples, so the six variants of a kind differ in signature and data, not only in name. Expected outputs are
-computed by running the reference (:func:`tasks.generate.render_spec`), so they are right by construction.
+computed by running the reference (:func:`datalib.generate.render_spec`), so they are right by construction.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from tasks.generate import render_spec
-from tasks.problem_families import Spec, _step
+from datalib.generate import render_spec
+from datalib.problem_families import Spec, _step
 
 VERSION = "v1"
 SOURCE = f"exercises:{VERSION}"
@@ -913,7 +913,7 @@ def exercise_problems() -> list[dict]:
     Deterministic (no randomness at all); no two variants render the same prompt (tested).
 
     Raises:
-        RuntimeError: a kind is broken (see :func:`tasks.generate.render_spec`).
+        RuntimeError: a kind is broken (see :func:`datalib.generate.render_spec`).
     """
     return [
         {

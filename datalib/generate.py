@@ -11,7 +11,7 @@ Determinism: every random choice comes from ``random.Random`` seeded with a SHA-
 ``hash()``, and no set is iterated, so ``generate_problems(n, seed)`` gives the same JSON bytes in every process.
 
 Leakage-free splits: :func:`split_key` maps a problem to its *variant group* (family + behaviour options, see
-:attr:`tasks.problem_families.Variant.group`); :func:`assign_splits` holds out whole groups per family, so two
+:attr:`datalib.problem_families.Variant.group`); :func:`assign_splits` holds out whole groups per family, so two
 problems that differ only in noun, verb, phrasing or returned container never straddle train/val/test.
 :func:`leakage_report` measures what is left.
 """
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any
 
-from tasks.problem_families import FAMILIES, INSTRUCTION_TEMPLATES, Spec, Variant, catalogue, family_by_name
-from tasks.schema import PROBLEM_FIELDS
+from datalib.problem_families import FAMILIES, INSTRUCTION_TEMPLATES, Spec, Variant, catalogue, family_by_name
+from datalib.schema import PROBLEM_FIELDS
 
 GENERATOR_VERSION = "v1"
 SOURCE = f"generated:{GENERATOR_VERSION}"

@@ -7,7 +7,7 @@ group-bys, no Python loop per event), each step counted in the report:
 
 1. **Validate.** Rows with a missing field, a rating outside {up, down} or an unparsable ts are dropped and
    counted (the ``validate`` stage quarantines them with reasons; mining never fails on them).
-2. **Scrub PII** (:mod:`tasks.pii`) from prompts, responses, user ids and categories *first*: nothing mined,
+2. **Scrub PII** (:mod:`datalib.pii`) from prompts, responses, user ids and categories *first*: nothing mined,
    reported or returned can carry a raw e-mail, key or host name. Prompts and responses are then keyed by their
    scrubbed, whitespace-normalised text (prompts also case-folded), so PII or spacing never splits a cluster.
 3. **Double clicks.** A rating that repeats the same user's rating of the same response to the same prompt
@@ -54,9 +54,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.stats import hypergeom
 
+from datalib.pii import PLACEHOLDERS, scrub_series
+from datalib.schema import EVENT_FIELDS, PAIR_FIELDS
 from tasks.config import MineConfig
-from tasks.pii import PLACEHOLDERS, scrub_series
-from tasks.schema import EVENT_FIELDS, PAIR_FIELDS
 
 EVENT_COLUMNS = EVENT_FIELDS
 HUMAN_COLUMNS = PAIR_FIELDS

@@ -33,7 +33,7 @@ phones, IPs, names in ``user:`` fields, API keys, ...) as real logs do; the raw 
 ground truth so that a test can check none of them survives mining.
 
 **Raters outside the miner's model** (opt-in, all off by default; the default output is byte-identical to the
-simulator without them). The miner (``tasks/mine.py``) assumes a rater either tracks quality or ignores it; these
+simulator without them). The miner (``datalib/mine.py``) assumes a rater either tracks quality or ignores it; these
 raters break that assumption in ways a production log can show. Each takes a share of *all* users (a seeded
 sample, drawn from its own random stream, replacing whatever base behaviour the user had) and is labelled in the
 ground truth's ``behaviour`` column:
@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tasks.schema import EVENT_FIELDS
+from datalib.schema import EVENT_FIELDS
 
 Check = Callable[[str, str, str], bool]
 

@@ -6,7 +6,7 @@ A *family* is one kind of cleaning function (strip-and-drop-empty, dedupe preser
 also carry the family's constants (a clamp range, a field name, a length limit). A *variant* is one option per
 axis plus one noun; :func:`catalogue` enumerates a family's variants in a fixed order, and :meth:`Variant.spec`
 builds the reference solution (one ``# Step k`` per step), the docstring text and the test inputs.
-:mod:`tasks.generate` runs the reference on the inputs to get the expected outputs and renders the problem dicts.
+:mod:`datalib.generate` runs the reference on the inputs to get the expected outputs and renders the problem dicts.
 
 Layout: the data types, the helpers and the nouns several families share come first; then one section per family
 holding its constants, its builder, the nouns only it uses and its `Family` entry; `FAMILIES` lists the entries in
