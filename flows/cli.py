@@ -392,7 +392,7 @@ def team(
     worker of work pool POOL; print the settings that point a clone at them; Ctrl-C stops every one.
 
     Needs the team extra: pip install -e '.[team]'. Exits 1 when a port is taken or a server does not come up (its
-    log: DIR/logs/).
+    log: DIR/logs/), or when one exits while it serves (the others are stopped).
     """
     setup_environment()
     from flows import team as servers
@@ -411,8 +411,10 @@ def team(
             for key, value in running.env.items():
                 typer.echo(f"  export {key}={value}")
             typer.echo("Ctrl-C stops the servers and the worker.")
-            while True:
+            while (exited := running.exited()) is None:
                 time.sleep(1.0)
+            typer.secho(f"{exited}: stopping the others", fg="red", err=True)
+            raise typer.Exit(1)
     except ImportError as err:
         typer.secho(f"{err}: pip install -e '.[team]'", fg="red", err=True)
         raise typer.Exit(1) from None

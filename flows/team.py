@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -124,7 +125,7 @@ def client_env(mlflow_url: str, prefect_url: str) -> dict[str, str]:
 @dataclass
 class Team:
     """The running team setup: its addresses, the environment a client needs (`client_env`), the folder everything
-    lives in, and the database handle."""
+    lives in, the database handle, and the server and worker processes (named) with their logs."""
 
     root: Path
     mlflow_url: str
@@ -132,6 +133,15 @@ class Team:
     pool: str
     env: dict[str, str]
     postgres: object = field(repr=False)
+    processes: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict, repr=False)
+
+    def exited(self) -> str | None:
+        """The first server or worker that has exited, as ``"<name> exited (<status>); its output: <log>"``; None
+        while all run."""
+        for name, (proc, log) in self.processes.items():
+            if proc.poll() is not None:
+                return f"{name} exited ({proc.returncode}); its output: {log}"
+        return None
 
 
 @contextlib.contextmanager
@@ -161,10 +171,13 @@ def team(
                            root / "logs/prefect.log"),
         ]  # fmt: skip
         env = client_env(mlflow_url, prefect_url)
-        with serving(*servers):
+        with serving(*servers) as procs:
             create_pool(pool, env["PREFECT_API_URL"])
             workers = [worker(pool, env, free_port(), root / "logs/worker.log")] if with_worker else []
-            with serving(*workers):
-                yield Team(root, mlflow_url, prefect_url, pool, env, postgres)
+            with serving(*workers) as worker_procs:
+                names = ("MLflow", "Prefect", "worker")[: len(procs) + len(worker_procs)]
+                pairs = zip(procs + worker_procs, servers + workers, strict=True)
+                processes = {name: (proc, server.log) for name, (proc, server) in zip(names, pairs, strict=True)}
+                yield Team(root, mlflow_url, prefect_url, pool, env, postgres, processes)
     finally:
         postgres.cleanup()

@@ -233,3 +233,23 @@ def test_didpo_team_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         rest_of_output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0 and "team servers stopped." in rest_of_output
     assert alive(started) == []
+
+
+def test_a_server_that_exits_is_named_with_its_log(tmp_path):
+    """`Team.exited` (what `didpo team` polls): None while every process runs, then the first that exited, its exit
+    status and its log."""
+    import sys
+
+    from flows.team import Team
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        team = Team(tmp_path, "u", "u", "p", {}, None, {"MLflow": (running, tmp_path / "mlflow.log")})
+        assert team.exited() is None
+        failed.wait()
+        team.processes["Prefect"] = (failed, tmp_path / "prefect.log")
+        assert team.exited() == f"Prefect exited (3); its output: {tmp_path / 'prefect.log'}"
+    finally:
+        running.kill()
+        running.wait()
