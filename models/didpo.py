@@ -1352,6 +1352,178 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+# ----------------------------------------------------------------------------- the loop's phases (train_didpo)
+
+
+def keeps_group(algo: str, group: Sequence[Rollout]) -> bool:
+    """Whether a sampled group is trained on: dapo drops a group whose accuracy is all 0 or all 1 (dynamic sampling,
+    DAPO, Yu et al. 2025, §3.2), rft one with no passing answer (nothing to fine-tune on); grpo and didpo keep every
+    group (an all-equal group's advantages are 0)."""
+    if algo == "dapo":
+        return not same_accuracy(group)
+    if algo == "rft":
+        return any(r.passed for r in group)
+    return True
+
+
+def trained_rollouts(algo: str, kept: Sequence[Sequence[Rollout]]) -> list[Rollout]:
+    """The rows the update trains on: rft's passing answers (rejection-sampling fine-tuning), every other
+    algorithm's every answer of the kept groups."""
+    return [r for g in kept for r in g if algo != "rft" or r.passed]
+
+
+@dataclass
+class StepSamples:
+    """One step's rollouts: every group sampled (refills included), whether each is trained on (`keeps_group`), and
+    the seconds spent sampling and syncing the engine's weights."""
+
+    sampled: list[list[Rollout]]
+    kept_flags: list[bool]
+    sample_time: float
+    sync_time: float
+    passing_only: bool  # rft: only the passing answers are trained on (and logged as trained)
+
+    @property
+    def kept(self) -> list[list[Rollout]]:
+        return [g for g, keep in zip(self.sampled, self.kept_flags, strict=True) if keep]
+
+
+def sample_step(model, tokenizer, train_problems, order, cfg, verifier, controls, step, engine, dp, trainer):
+    """The rollout phase of `step`: sync the engine to the policy, draw ``cfg.prompts_per_step`` prompts from
+    `order`, sample and score ``cfg.group_size`` answers each (`collect_rollouts`; didpo: `assign_process_rewards`
+    with `controls`), and for dapo draw again for the dropped groups, up to ``cfg.max_refill`` times. Returns a
+    `StepSamples`."""
+    sync_time = 0.0
+    if engine is not None:  # the engine samples from this step's policy
+        t0 = time.perf_counter()
+        with dp.full_params(trainer):
+            engine.load_weights(model)
+        sync_time = time.perf_counter() - t0
+    sampled, kept_flags, sample_time, draw, want = [], [], 0.0, 0, cfg.prompts_per_step
+    refills = cfg.max_refill if cfg.algo == "dapo" else 0
+    while True:
+        chosen = [train_problems[i] for i in order.take(want)]
+        t0 = time.perf_counter()
+        seed = sampling_seed(cfg.seed, step, draw)
+        with dp.full_params(trainer):
+            new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, seed, draw, engine=engine)
+        if cfg.algo == "didpo":
+            assign_process_rewards(new, cfg, controls)
+        sample_time += time.perf_counter() - t0
+        for group in new:
+            sampled.append(group)
+            kept_flags.append(keeps_group(cfg.algo, group))
+        missing = cfg.prompts_per_step - sum(kept_flags)
+        if missing == 0 or draw == refills:
+            break
+        draw, want = draw + 1, missing
+    return StepSamples(sampled, kept_flags, sample_time, sync_time, passing_only=cfg.algo == "rft")
+
+
+def rollout_metrics(samples: StepSamples, algo: str) -> dict[str, float]:
+    """The step's ``didpo/`` figures of what was sampled (rewards, pass rate, lengths, throughput); didpo adds its
+    process reward, DiD sum and final gap."""
+    everything = [r for g in samples.sampled for r in g]
+    metrics = {
+        "didpo/reward/outcome": _mean([r.outcome for r in everything]),
+        "didpo/reward/sequence": _mean([r.reward for r in everything]),
+        "didpo/pass_rate": _mean([float(r.passed) for r in everything]),
+        "didpo/no_code_rate": _mean([float(r.reason == "no_code") for r in everything]),
+        "didpo/frac_zero_std_groups": _mean([float(zero_std(g)) for g in samples.sampled]),
+        "didpo/groups_sampled": float(len(samples.sampled)),
+        "didpo/groups_trained": float(len(samples.kept)),
+        "didpo/response_length": _mean([float(len(r.completion.completion_ids)) for r in everything]),
+        "didpo/truncated_rate": _mean([float(r.completion.finish_reason == "length") for r in everything]),
+        "didpo/rollouts_per_s": len(everything) / samples.sample_time,
+        "didpo/tokens_per_s": sum(len(r.completion.completion_ids) for r in everything) / samples.sample_time,
+    }
+    if algo == "didpo":
+        metrics["didpo/reward/process"] = _mean([r.process for r in everything])
+        metrics["didpo/reward/did"] = _mean([sum(r.did) for r in everything])
+        metrics["didpo/reward/gap_final"] = _mean([r.gap[-1] for r in everything if r.gap])
+    return metrics
+
+
+@dataclass
+class _Trainer:
+    """What the loop trains: the policy (LoRA-wrapped), its start (a frozen copy in full fine-tuning, else None: the
+    adapters disabled), the critic (or None), AdamW over both, the DDP/FSDP2 wrapper (None in one process), rank
+    0's export copy, and the optimizer's parameters."""
+
+    model: object
+    start_copy: object
+    value_head: object
+    optimizer: object
+    trainer: object
+    export_copy: object
+    params: list
+
+    def start_policy(self):
+        """The start policy: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
+        if self.start_copy is not None:
+            return contextlib.nullcontext(self.start_copy)
+        return _adapters_disabled(self.model)
+
+
+def _build_trainer(model, cfg: DiDPOConfig, device, dp) -> _Trainer:
+    """Seed, wrap the policy in LoRA adapters (or keep a frozen start copy), add the critic, make AdamW, and wrap
+    for data parallelism, in this order (the RNG draws of LoRA's and the head's initialisation follow the seed).
+    Raises ValueError when nothing is trainable."""
+    import torch
+
+    from models.checkpoint import set_seed
+    from models.lora import apply_lora
+    from models.value_head import ValueHead
+
+    set_seed(cfg.seed)
+    start_copy = None
+    if not cfg.lora:
+        start_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
+    if cfg.lora:
+        model = apply_lora(
+            model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers
+        )
+    model.to(device)
+    model.train()
+    policy_params = [p for p in model.parameters() if p.requires_grad]
+    if not policy_params:
+        raise ValueError("the model has no trainable parameters")
+    groups = [{"params": policy_params, "lr": cfg.learning_rate, "weight_decay": 0.0}]
+    value_head = None
+    if cfg.uses_critic:
+        value_head = ValueHead(model.config.hidden_size).to(device)
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
+    optimizer = torch.optim.AdamW(groups)
+    export_copy = dp.export_copy(model)  # rank 0's copy to export from when FSDP2 shards the model in place
+    trainer = None  # one process: the loop calls the policy and the head itself
+    if dp.world_size > 1:  # DDP or FSDP2 over the processes, one wrapper around the policy and the head
+        trainer, optimizer = dp.prepare(policy_and_value(model, value_head), optimizer)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return _Trainer(model, start_copy, value_head, optimizer, trainer, export_copy, params)
+
+
+def _prompt_pool(ckpt, cfg, problems, initial_weights, engine, pool_cache, dp, t: _Trainer, tokenizer, verifier):
+    """The prompt pool: a resumed run's (its checkpoint carries it), else the screen of the start policy (read from
+    `pool_cache` when an arm from the same start already screened), else None (no screen). Returns ``(pool, read
+    from the cache)``."""
+    if ckpt is not None and ckpt.state.get("pool") is not None:
+        return PromptPool.from_state(ckpt.state["pool"]), False
+    if not cfg.screen_samples:
+        return None, False
+    key = pool_cache_key(cfg, problems, initial_weights, type(engine).__name__ if engine is not None else "torch")
+    cached = Path(pool_cache) / f"{key}.json" if pool_cache is not None else None
+    if cached is not None and cached.is_file():
+        return PromptPool.from_state(json.loads(cached.read_text())), True
+    screen_engine = engine if dp.world_size == 1 else None
+    if screen_engine is not None:  # no step has run yet: the adapters are new (LoRA B = 0), the start policy
+        screen_engine.load_weights(t.model)  # (a run that started over may have left another's weights there)
+    with dp.full_params(t.trainer), t.start_policy() as screener:
+        pool = screen_prompt_pool(screener, tokenizer, problems, cfg, verifier, screen_engine)
+    if cached is not None and dp.is_main:
+        _write_json(cached, pool.state_dict())
+    return pool, False
+
+
 def train_didpo(
     model,
     tokenizer,
@@ -1406,20 +1578,11 @@ def train_didpo(
     from tqdm.auto import tqdm
 
     from models.advantages import RunningMeanStd
-    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict, weights_digest
+    from models.checkpoint import load_trainable_state_dict, weights_digest
     from models.distributed import data_parallel
-    from models.lora import apply_lora, count_parameters
     from models.policy import resolve_device
     from models.sampling import pad_token_id
-    from models.training import (
-        DataOrder,
-        autocast_factory,
-        export,
-        open_checkpoints,
-        restore_loop_state,
-        save_loop_state,
-    )
-    from models.value_head import ValueHead
+    from models.training import DataOrder, autocast_factory, open_checkpoints, restore_loop_state
 
     if not problems:
         raise ValueError("no problems to train on")
@@ -1427,117 +1590,41 @@ def train_didpo(
     if held_out:
         raise ValueError(f"RL trains (and screens) on train problems only, got {held_out} problems too")
     pad_id = pad_token_id(tokenizer)
-    out_dir = Path(out_dir)
-    ckpt_root = out_dir / "checkpoints"
+    out_dir, ckpt_root, pool_path = Path(out_dir), Path(out_dir) / "checkpoints", Path(out_dir) / "pool.json"
     rollouts_path = Path(rollouts_path) if rollouts_path is not None else out_dir / "rollouts.jsonl"
-    pool_path = out_dir / "pool.json"
     dp = data_parallel(resolve_device(cfg.device))
-    device = dp.device
-    check_rollout_fits(model, tokenizer, problems, cfg, device)
+    check_rollout_fits(model, tokenizer, problems, cfg, dp.device)
     if dp.world_size > 1:
         verifier = _ShardedVerifier(verifier, dp)
-    autocast = autocast_factory(cfg.mixed_precision, device, auto_on_cpu=True)
-
+    autocast = autocast_factory(cfg.mixed_precision, dp.device, auto_on_cpu=True)
     initial_weights = weights_digest(model)  # before LoRA: the starting policy itself
-    set_seed(cfg.seed)
-    start_copy = None  # full fine-tuning: the start policy is a frozen copy (LoRA: the adapters disabled)
-    if not cfg.lora:
-        start_copy = copy.deepcopy(model).to(device).eval().requires_grad_(False)
-    if cfg.lora:
-        model = apply_lora(
-            model, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.lora_layers
-        )
-    model.to(device)
-    model.train()
-    policy_params = [p for p in model.parameters() if p.requires_grad]
-    if not policy_params:
-        raise ValueError("the model has no trainable parameters")
-    groups = [{"params": policy_params, "lr": cfg.learning_rate, "weight_decay": 0.0}]
-    value_head = None
-    if cfg.uses_critic:
-        value_head = ValueHead(model.config.hidden_size).to(device)
-        groups.append({"params": list(value_head.parameters()), "lr": cfg.value_learning_rate, "weight_decay": 0.0})
-    optimizer = torch.optim.AdamW(groups)
-    export_copy = dp.export_copy(model)  # rank 0's copy to export from when FSDP2 shards the model in place
-    trainer = None  # one process: the loop calls the policy and the head itself
-    if dp.world_size > 1:  # DDP or FSDP2 over the processes, one wrapper around the policy and the head
-        trainer, optimizer = dp.prepare(policy_and_value(model, value_head), optimizer)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    t = _build_trainer(model, cfg, dp.device, dp)
+    model, value_head = t.model, t.value_head
     minibatch_generator = torch.Generator().manual_seed(_generator_seed(cfg.seed, 2))
     normaliser = RunningMeanStd() if cfg.normalize_rewards else None
     fingerprint = _fingerprint(cfg, problems, initial_weights)
     step, history = 0, []
-
-    def start_policy():
-        """The start policy: the starting weights (adapters disabled), or the frozen copy in full fine-tuning."""
-        if start_copy is not None:
-            return contextlib.nullcontext(start_copy)
-        return _adapters_disabled(model)
-
     ckpt, superseded = open_checkpoints(
         ckpt_root, resume, fingerprint, "another didpo config, other problems or another starting policy"
     )
-    # ---- the prompt pool: screened once by the start policy, then carried by every checkpoint
-    pool, pool_from_cache = None, False
-    if ckpt is not None and ckpt.state.get("pool") is not None:
-        pool = PromptPool.from_state(ckpt.state["pool"])
-    elif cfg.screen_samples:
-        key = pool_cache_key(cfg, problems, initial_weights, type(engine).__name__ if engine is not None else "torch")
-        cached = Path(pool_cache) / f"{key}.json" if pool_cache is not None else None
-        if cached is not None and cached.is_file():
-            pool, pool_from_cache = PromptPool.from_state(json.loads(cached.read_text())), True
-        else:
-            screen_engine = engine if dp.world_size == 1 else None
-            if screen_engine is not None:  # no step has run yet: the adapters are new (LoRA B = 0), the start policy
-                screen_engine.load_weights(model)  # (a run that started over may have left another's weights there)
-            with dp.full_params(trainer), start_policy() as screener:
-                pool = screen_prompt_pool(screener, tokenizer, problems, cfg, verifier, screen_engine)
-            if cached is not None and dp.is_main:
-                _write_json(cached, pool.state_dict())
+    pool, pool_from_cache = _prompt_pool(ckpt, cfg, problems, initial_weights, engine, pool_cache, dp, t, tokenizer,
+                                         verifier)  # fmt: skip
+    train_problems, controls = list(problems), None
     if pool is not None:
         by_id = {p["task_id"]: p for p in problems}
-        train_problems = [by_id[t] for t in pool.task_ids]
-        controls = pool.controls()
+        train_problems, controls = [by_id[i] for i in pool.task_ids], pool.controls()
         if dp.is_main:
             _write_json(pool_path, {**pool.summary(), **pool.state_dict()})
-    else:
-        train_problems, controls = list(problems), None
     order = DataOrder(len(train_problems), _generator_seed(cfg.seed, 1))
     generators = {"data": order.generator, "minibatch": minibatch_generator}
-
     if ckpt is not None:
-        restore_loop_state(ckpt, model, optimizer, order, generators)
+        restore_loop_state(ckpt, model, t.optimizer, order, generators)
         if value_head is not None:
             load_trainable_state_dict(value_head, ckpt.tensors["value_head"])
         if normaliser is not None:
             normaliser.load_state_dict(ckpt.state["reward_normaliser"])
         step, history = ckpt.step, ckpt.state["history"]
     rollout_log = _RolloutLog(rollouts_path, step, set_aside=bool(superseded)) if dp.is_main else None
-
-    def write_checkpoint() -> None:  # every rank (sharded states are gathered), rank 0 writes
-        tensors = {}
-        if value_head is not None:
-            tensors["value_head"] = trainable_state_dict(value_head)
-        replaced_previous_run = bool(superseded)
-        save_loop_state(
-            ckpt_root,
-            step,
-            model,
-            optimizer,
-            order,
-            generators,
-            fingerprint,
-            superseded,
-            tensors=tensors,
-            state={
-                "pool": pool.state_dict() if pool is not None else None,
-                "reward_normaliser": normaliser.state_dict() if normaliser is not None else None,
-                "history": history,
-            },
-            write=dp.is_main,
-        )
-        if replaced_previous_run and rollout_log is not None:
-            rollout_log.drop_previous()
 
     # Data parallel: every process samples the whole step (same weights, same seeds: the same rollouts), the
     # verifier splits the programs between the processes and shares the verdicts, so rewards and advantages
@@ -1546,103 +1633,68 @@ def train_didpo(
     bar = tqdm(total=cfg.steps, initial=step, desc=f"rl ({cfg.algo})", mininterval=5.0, disable=not dp.is_main)
     while step < cfg.steps:
         started = time.perf_counter()
-        # ---- rollouts (dapo refills groups whose accuracy is all 0 or all 1)
-        sampled, kept_flags, sample_time, draw = [], [], 0.0, 0
-        want = cfg.prompts_per_step
-        sync_time = 0.0
-        if engine is not None:  # the engine samples from this step's policy
-            t0 = time.perf_counter()
-            with dp.full_params(trainer):
-                engine.load_weights(model)
-            sync_time = time.perf_counter() - t0
-        while True:
-            chosen = [train_problems[i] for i in order.take(want)]
-            t0 = time.perf_counter()
-            seed = sampling_seed(cfg.seed, step, draw)
-            with dp.full_params(trainer):
-                new = collect_rollouts(model, tokenizer, chosen, cfg, verifier, seed, draw, engine=engine)
-            if cfg.algo == "didpo":
-                assign_process_rewards(new, cfg, controls)
-            sample_time += time.perf_counter() - t0
-            for group in new:
-                sampled.append(group)
-                if cfg.algo == "dapo":
-                    kept_flags.append(not same_accuracy(group))
-                elif cfg.algo == "rft":
-                    kept_flags.append(any(r.passed for r in group))
-                else:
-                    kept_flags.append(True)
-            missing = cfg.prompts_per_step - sum(kept_flags)
-            if cfg.algo != "dapo" or missing == 0 or draw == cfg.max_refill:
-                break
-            draw, want = draw + 1, missing
-        kept = [g for g, keep in zip(sampled, kept_flags, strict=True) if keep]
-        everything = [r for g in sampled for r in g]
-        rollouts = [r for g in kept for r in g if cfg.algo != "rft" or r.passed]
-
-        metrics = {
-            "didpo/reward/outcome": _mean([r.outcome for r in everything]),
-            "didpo/reward/sequence": _mean([r.reward for r in everything]),
-            "didpo/pass_rate": _mean([float(r.passed) for r in everything]),
-            "didpo/no_code_rate": _mean([float(r.reason == "no_code") for r in everything]),
-            "didpo/frac_zero_std_groups": _mean([float(zero_std(g)) for g in sampled]),
-            "didpo/groups_sampled": float(len(sampled)),
-            "didpo/groups_trained": float(len(kept)),
-            "didpo/response_length": _mean([float(len(r.completion.completion_ids)) for r in everything]),
-            "didpo/truncated_rate": _mean([float(r.completion.finish_reason == "length") for r in everything]),
-            "didpo/rollouts_per_s": len(everything) / sample_time,
-            "didpo/tokens_per_s": sum(len(r.completion.completion_ids) for r in everything) / sample_time,
-        }
-        if cfg.algo == "didpo":
-            metrics["didpo/reward/process"] = _mean([r.process for r in everything])
-            metrics["didpo/reward/did"] = _mean([sum(r.did) for r in everything])
-            metrics["didpo/reward/gap_final"] = _mean([r.gap[-1] for r in everything if r.gap])
-
-        # ---- advantages and update
+        samples = sample_step(model, tokenizer, train_problems, order, cfg, verifier, controls, step, engine, dp,
+                              t.trainer)  # fmt: skip
+        metrics = rollout_metrics(samples, cfg.algo)
         update_started = time.perf_counter()
+        rollouts = trained_rollouts(cfg.algo, samples.kept)
         if rollouts:
             metrics.update(
-                update_policy(
-                    model,
-                    rollouts,
-                    cfg,
-                    step,
-                    optimizer,
-                    params,
-                    minibatch_generator,
-                    start_policy,
-                    pad_id,
-                    autocast,
-                    engine is not None,
-                    value_head,
-                    normaliser,
-                    history,
-                    dp,
-                    trainer,
-                )
-            )
+                update_policy(model, rollouts, cfg, step, t.optimizer, t.params, minibatch_generator,
+                              t.start_policy, pad_id, autocast, engine is not None, value_head, normaliser, history,
+                              dp, t.trainer)
+            )  # fmt: skip
         step += 1
-        metrics["didpo/time/rollout_s"] = sample_time
+        metrics["didpo/time/rollout_s"] = samples.sample_time
         if engine is not None:
-            metrics["didpo/time/weight_sync_s"] = sync_time
+            metrics["didpo/time/weight_sync_s"] = samples.sync_time
         metrics["didpo/time/update_s"] = time.perf_counter() - update_started
         metrics["didpo/step_time_s"] = time.perf_counter() - started
         history.append({"step": step, **metrics})
         if dp.is_main:
-            rollout_log.append(step, sampled, kept_flags, passing_only=cfg.algo == "rft")
+            rollout_log.append(step, samples.sampled, samples.kept_flags, passing_only=samples.passing_only)
             emit(metrics, step)
         if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-            write_checkpoint()
+            state = {"pool": pool.state_dict() if pool is not None else None, "history": history}
+            state["reward_normaliser"] = normaliser.state_dict() if normaliser is not None else None
+            _save_checkpoint(ckpt_root, step, t, order, generators, fingerprint, superseded, state, rollout_log, dp)
         if step in cfg.keep_steps:  # a budget point: the policy as it is after this step's update
-            keep_point(dp.exportable(model, export_copy), tokenizer, out_dir, step, dp.is_main)
+            keep_point(dp.exportable(model, t.export_copy), tokenizer, out_dir, step, dp.is_main)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['didpo/reward/outcome']:.3f}", pass_rate=f"{metrics['didpo/pass_rate']:.2f}")
     bar.close()
 
+    return _export_result(t, value_head, tokenizer, cfg, out_dir, step, history, rollouts_path, pool, pool_path,
+                          pool_from_cache, dp)  # fmt: skip
+
+
+def _save_checkpoint(ckpt_root, step, t: _Trainer, order, generators, fingerprint, superseded, state, rollout_log, dp):
+    """The exact-resume checkpoint after `step`: on every rank (sharded states are gathered), written by rank 0; the
+    critic's weights beside the policy's; a previous run's rollouts set aside once this run's first checkpoint
+    exists."""
+    from models.checkpoint import trainable_state_dict
+    from models.training import save_loop_state
+
+    tensors = {"value_head": trainable_state_dict(t.value_head)} if t.value_head is not None else {}
+    replaced_previous_run = bool(superseded)
+    save_loop_state(ckpt_root, step, t.model, t.optimizer, order, generators, fingerprint, superseded,
+                    tensors=tensors, state=state, write=dp.is_main)  # fmt: skip
+    if replaced_previous_run and rollout_log is not None:
+        rollout_log.drop_previous()
+
+
+def _export_result(t: _Trainer, value_head, tokenizer, cfg, out_dir, step, history, rollouts_path, pool, pool_path,
+                   pool_from_cache, dp) -> DiDPOResult:  # fmt: skip
+    """Export the trained policy (rank 0: ``adapter/`` with LoRA, ``merged/``), gather a sharded critic, and return
+    the run's `DiDPOResult` once every rank is there."""
+    from models.lora import count_parameters
+    from models.training import export
+
+    model = t.model
     model.eval()
     trainable, _ = count_parameters(model)
     adapter_path, merged_path = (out_dir / "adapter" if cfg.lora else None), out_dir / "merged"
-    to_export = dp.exportable(model, export_copy)
+    to_export = dp.exportable(model, t.export_copy)
     if dp.sharded and value_head is not None:  # the critic whole, as one process returns it
         value_head = _whole_value_head(value_head, model.config.hidden_size)
     if dp.is_main:
