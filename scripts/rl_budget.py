@@ -54,24 +54,28 @@ def holm(p_values: dict[str, float], alpha: float = ALPHA) -> dict[str, bool]:
 
 def training_figures(history: list[dict], step: int) -> dict:
     """The run's figures up to and including `step` from its per-step history (``data/didpo/history.json``'s rows):
-    KL to start and entropy as the mean of the last `LAST_STEPS` steps, the mean share of groups with zero reward
-    spread, the rows left out of the update and duplicates merged (sums), and the RL steps' seconds (sum).
+    KL to start and entropy as the mean over the last `LAST_STEPS` steps that updated the policy (a step with
+    nothing to train on, e.g. rft's groups without a passing answer, measures neither), the number of steps that
+    updated, the mean share of groups with zero reward spread, the rows left out of the update and duplicates merged
+    (sums), and the RL steps' seconds (sum).
 
     Raises ValueError when the history stops before `step`."""
     rows = [row for row in history if row["step"] <= step]
     if not rows or rows[-1]["step"] != step:
         raise ValueError(f"the run's history stops at step {rows[-1]['step'] if rows else 0}, before {step}")
-    last = rows[-LAST_STEPS:]
+    updated = [row for row in rows if "didpo/kl_start" in row]
+    last = updated[-LAST_STEPS:]
 
-    def mean(key, of=rows):
-        return sum(row[key] for row in of) / len(of)
+    def mean(key, of):
+        return sum(row[key] for row in of) / len(of) if of else float("nan")
 
     return {
         "kl_start_last5": mean("didpo/kl_start", last),
         "entropy_last5": mean("didpo/entropy", last),
-        "frac_zero_std_groups": mean("didpo/frac_zero_std_groups"),
-        "rows_zero_advantage": sum(row["didpo/rows_zero_advantage"] for row in rows),
-        "duplicate_rows": sum(row["didpo/duplicate_rows"] for row in rows),
+        "steps_updated": len(updated),
+        "frac_zero_std_groups": mean("didpo/frac_zero_std_groups", rows),
+        "rows_zero_advantage": sum(row.get("didpo/rows_zero_advantage", 0) for row in rows),
+        "duplicate_rows": sum(row.get("didpo/duplicate_rows", 0) for row in rows),
         "rl_step_seconds": sum(row["didpo/step_time_s"] for row in rows),
     }
 

@@ -29,11 +29,19 @@ def history(n):
     ]  # fmt: skip
 
 
-def test_training_figures_average_the_last_five_steps_before_the_point():
+def test_training_figures_average_the_last_five_updating_steps_before_the_point():
     fig = rl_budget.training_figures(history(8), 6)
     assert fig["kl_start_last5"] == pytest.approx(0.04)  # steps 2..6: (0.02 + ... + 0.06) / 5
     assert fig["entropy_last5"] == pytest.approx(0.6)  # 1 - 0.1 x 4
     assert fig["rows_zero_advantage"] == 12 and fig["duplicate_rows"] == 3 and fig["rl_step_seconds"] == 60.0
+    # steps 5 and 6 trained nothing (rft without a passing answer): no KL, no entropy, no update figures
+    rows = history(8)
+    for row in rows[4:6]:
+        for key in ("didpo/kl_start", "didpo/entropy", "didpo/rows_zero_advantage", "didpo/duplicate_rows"):
+            del row[key]
+    fig = rl_budget.training_figures(rows, 6)
+    assert fig["steps_updated"] == 4 and fig["kl_start_last5"] == pytest.approx(0.025)  # steps 1..4
+    assert fig["rows_zero_advantage"] == 8 and fig["rl_step_seconds"] == 60.0
     with pytest.raises(ValueError, match="stops at step 8, before 9"):
         rl_budget.training_figures(history(8), 9)
 
