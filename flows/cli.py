@@ -364,16 +364,29 @@ def deploy(
     pool: str = typer.Option("didpo", help="The process work pool whose worker runs it (`didpo team` starts one)."),
     cron: str = typer.Option("0 2 * * *", help="Cron schedule of the nightly run (server time zone)."),
     name: str = typer.Option("nightly", help="Deployment name."),
+    stage_pool: str = typer.Option(
+        "", help="Instead: register the stage jobs of this work pool (dispatch.pools), run from this clone."
+    ),
 ) -> None:
     """Register the pipeline as deployment `pipeline/NAME` in work pool POOL of the Prefect server at PREFECT_API_URL:
     the pool's worker runs it in this clone's folder on the schedule, or at once with
     `prefect deployment run pipeline/NAME`. (`didpo serve` runs the schedule in this process instead.)
+
+    With --stage-pool GPU (in the clone a worker of pool GPU runs in): register `stage-job/GPU`, which runs the stages
+    that params.yaml's dispatch.pools sends to GPU, their inputs and outputs through the DVC remote.
     """
     setup_environment()
     if not os.environ.get("PREFECT_API_URL"):
         typer.secho("PREFECT_API_URL is not set: point it at the team's Prefect server (`didpo team` prints it)",
                     fg="red", err=True)  # fmt: skip
         raise typer.Exit(2)
+    if stage_pool:
+        from flows.dispatch import JOB_FLOW, deploy_stage_jobs
+
+        deployment_id = deploy_stage_jobs(stage_pool)
+        typer.echo(f"deployment {JOB_FLOW}/{stage_pool} ({deployment_id}) in work pool {stage_pool!r}: stages that "
+                   f"dispatch.pools sends to {stage_pool!r} run here")  # fmt: skip
+        return
     from flows.schedule import deploy_nightly
 
     deployment_id = deploy_nightly(pool, cron=cron, name=name)

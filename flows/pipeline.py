@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 
+from flows.dispatch import DispatchError, dispatch_stage
 from tasks.config import load_params
 from tasks.io import atomic_write_lines
 from tasks.tracking import log_run_summary, pipeline_run
@@ -290,6 +291,10 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
         with pipeline_run(params.tracking, algo=algo) as run_id:  # a raised StageFailed marks it FAILED
             logger = get_run_logger()
             logger.info("MLflow parent run %s; stages: %s", run_id, ", ".join(order))
+            pools = params.dispatch.pools
+            unknown = sorted(set(pools) - set(stage_order()))
+            if unknown:
+                raise StageFailed(f"dispatch.pools: {unknown} are not stages of dvc.yaml")
             ran = {}
             to_run = out_of_date(order)
             reference = read_stage_seconds(REFERENCE_TIMINGS)
@@ -298,7 +303,13 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
                 # once a stage has run, the ones after it may be out of date too (DVC finds out when it gets there)
                 counted = None if any(ran.values()) else to_run
                 logger.info(progress_line(i, order, elapsed, read_stage_seconds(), counted, reference))
-                returncode, ran[name] = repro_stage(name)
+                if name in pools and name in out_of_date([name]):  # its inputs and outputs through the DVC remote
+                    try:
+                        returncode, ran[name] = dispatch_stage(name, pools[name])
+                    except DispatchError as error:
+                        raise StageFailed(f"stage '{name}' failed on work pool {pools[name]!r}: {error}") from None
+                else:
+                    returncode, ran[name] = repro_stage(name)
                 if returncode != 0:
                     raise StageFailed(f"stage '{name}' failed (exit {returncode}); later stages were not run")
             ran_names = ",".join(s for s in order if ran[s])

@@ -15,7 +15,7 @@ Experiments change values with ``dvc exp run -S section.field=value``; stages ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -451,6 +451,25 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class DispatchConfig:
+    """``dispatch``: stages sent to another Prefect work pool (consumer: `flows.pipeline`, `flows.dispatch`).
+
+    pools: ``{stage: work pool}``, e.g. ``{sft: gpu, dpo: gpu, didpo: gpu}``: the pipeline pushes the stage's inputs to
+        the DVC remote and runs the stage as a flow run of deployment ``stage-job/<pool>`` (`didpo deploy --stage-pool
+        <pool>` registers it from the clone a worker of that pool runs in: a GPU machine, or a Kubernetes job with
+        deploy/k8s-gpu-job-template.json); the job pulls the inputs, runs the stage, pushes its outputs, and the
+        pipeline pulls them back. {} = every stage runs here. Stage names are checked when the pipeline starts.
+    """
+
+    pools: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        empty = sorted(stage for stage, pool in self.pools.items() if not str(pool).strip())
+        if empty:
+            raise ValueError(f"dispatch.pools: {empty} name no work pool")
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """``launch``: how the training stages (sft, dpo, didpo) run (consumer: `flows.cli`).
 
@@ -497,6 +516,7 @@ class Params:
     register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()
     launch: LaunchConfig = LaunchConfig()
+    dispatch: DispatchConfig = DispatchConfig()
 
     def __post_init__(self):
         if self.didpo.max_new_tokens < self.evaluate.max_new_tokens:

@@ -167,9 +167,10 @@ def _leaves(loaded, default, prefix=""):
 
 
 def _yaml_keys(raw: dict, prefix: str = ""):
-    """Dotted keys of a params mapping's leaves (a nested mapping such as didpo.reward is walked into)."""
+    """Dotted keys of a params mapping's leaves (a nested mapping such as didpo.reward is walked into; an empty one,
+    dispatch.pools, is a leaf)."""
     for key, value in raw.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
             yield from _yaml_keys(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}"
@@ -181,7 +182,7 @@ def test_dataclass_defaults_are_params_yaml_values():
     leaves = list(_leaves(load_params(ROOT / "params.yaml"), Params()))
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     # every key params.yaml writes out is compared, the nested didpo.reward's included
-    assert {key for key, _, _ in leaves} == set(_yaml_keys(raw)) and len(leaves) == 205
+    assert {key for key, _, _ in leaves} == set(_yaml_keys(raw)) and len(leaves) == 206
     differ = [f"{key}: params.yaml {a!r}, default {b!r}" for key, a, b in leaves if a != b]
     assert differ == []
 

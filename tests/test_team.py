@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -143,6 +144,83 @@ def test_a_deployment_runs_through_the_worker_and_survives_a_tracking_server_res
     assert all(r["info"]["status"] == "FINISHED" for r in [parent, *children])
     metrics = {m["key"]: m["value"] for m in parent["data"]["metrics"]}
     assert metrics == headline_metrics(STAGES, root) and len(metrics) == 3
+
+
+def test_a_stage_sent_to_another_work_pool_runs_there_through_the_dvc_remote(project, servers, tmp_path):  # noqa: F811
+    """dispatch.pools {mine: standin-gpu}: a second process work pool stands in for the GPU pool, its worker running
+    jobs in a clone of its own. `didpo run --stages mine` pushes mine's inputs, the job pulls them there, runs mine,
+    pushes its outputs and attaches its git-tracked outputs; the pipeline pulls them back: the same bytes on both
+    sides, dvc.lock records the stage, and `dvc status` finds nothing to do."""
+    import yaml
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.dispatch import deploy_stage_jobs
+
+    root, env = project
+    env = {**env, **servers["env"]}
+    sh = _sh(env)
+    sh(["dvc", "repro", "mine"], root)  # mine's inputs exist here (a no-op after the deployment test)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["mine"]["alpha"] = 0.02  # mine out of date, nothing upstream
+    params["dispatch"] = {"pools": {"mine": "standin-gpu"}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(["git", "add", "params.yaml"], root)
+    sh(["git", "commit", "-qm", "mine on the GPU pool"], root)
+    job_clone = tmp_path / "gpu-clone"
+    sh(["git", "clone", "-q", str(root), str(job_clone)], tmp_path)
+
+    create_pool("standin-gpu", servers["env"]["PREFECT_API_URL"])
+    with serving(worker("standin-gpu", servers["env"], free_port(), tmp_path / "gpu-worker.log")):
+        with temporary_settings(updates={PREFECT_API_URL: servers["env"]["PREFECT_API_URL"]}):
+            deploy_stage_jobs("standin-gpu", root=job_clone)
+        result = subprocess.run(
+            [str(BIN / "didpo"), "run", "--stages", "mine", "--no-push"], cwd=root, env=env, capture_output=True,
+            text=True, timeout=900,
+        )  # fmt: skip
+    assert result.returncode == 0, (
+        result.stdout[-3000:] + result.stderr[-3000:] + (tmp_path / "gpu-worker.log").read_text()[-3000:]
+    )
+    assert "stage mine: outputs pulled" in result.stdout + result.stderr
+    for path in ("data/mined/pairs.jsonl", "data/mined/report.json", "data/mined/headline.json"):
+        assert (root / path).read_bytes() == (job_clone / path).read_bytes(), path
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]["mine"]
+    assert lock["params"]["params.yaml"]["mine"]["alpha"] == 0.02  # recorded as run with the new alpha
+    assert "up to date" in sh(["dvc", "status", "mine"], root).stdout
+
+
+def test_the_kubernetes_gpu_job_template_is_valid_for_prefects_kubernetes_worker(servers):
+    """deploy/k8s-gpu-job-template.json: prefect-kubernetes' own job configuration builds a job from it whose
+    container asks for the configured nvidia.com/gpu count, and the Prefect server accepts it as the base job
+    template of a kubernetes work pool (its placeholders name its variables)."""
+    import asyncio
+
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    template = json.loads((Path(__file__).parents[1] / "deploy/k8s-gpu-job-template.json").read_text())
+    with temporary_settings(updates={PREFECT_API_URL: servers["env"]["PREFECT_API_URL"]}):
+        for values, gpus in (({"image": "registry.example/didpo:1"}, 1), ({"image": "x", "gpu_limit": 2}, 2)):
+            config = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(template, values))
+            container = config.job_manifest["spec"]["template"]["spec"]["containers"][0]
+            assert container["resources"]["limits"] == {"nvidia.com/gpu": gpus}
+            assert container["image"] == values["image"]
+    with SyncPrefectClient(servers["env"]["PREFECT_API_URL"]) as client:
+        pool = client.create_work_pool(WorkPoolCreate(name="gpu-k8s", type="kubernetes", base_job_template=template))
+        assert pool.base_job_template["variables"]["properties"]["gpu_limit"]["default"] == 1
+        broken = json.loads(json.dumps(template).replace("{{ gpu_limit }}", "{{ gpu_count }}"))
+        with pytest.raises(Exception, match="gpu_count"):  # the server's check, shown to fire
+            client.create_work_pool(WorkPoolCreate(name="gpu-k8s-broken", type="kubernetes", base_job_template=broken))
+
+
+def _sh(env):
+    def run(args, cwd):
+        out = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, f"{args}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+        return out
+
+    return run
 
 
 def _experiment(url: str) -> str | None:
