@@ -119,7 +119,12 @@ def create_pool(pool: str, api_url: str) -> None:
 
 def client_env(mlflow_url: str, prefect_url: str) -> dict[str, str]:
     """What points a clone (its runs, `didpo deploy`, the worker's runs) at the team's servers."""
-    return {"MLFLOW_TRACKING_URI": mlflow_url, "PREFECT_API_URL": f"{prefect_url}/api", **MLFLOW_RETRIES}
+    return {
+        "MLFLOW_TRACKING_URI": mlflow_url,
+        "PREFECT_API_URL": f"{prefect_url}/api",
+        "PREFECT_UI_URL": prefect_url,  # the runs' "View at" links (else the embedded default's :4200)
+        **MLFLOW_RETRIES,
+    }
 
 
 @dataclass

@@ -301,6 +301,7 @@ def test_didpo_team_starts_everything_and_ctrl_c_stops_everything(tmp_path):
         text = "".join(lines)
         assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}" in text, text
         assert f"export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api" in text
+        assert f"export PREFECT_UI_URL=http://127.0.0.1:{prefect_port}\n" in text  # the runs' links
         for url in (f"http://127.0.0.1:{mlflow_port}/health", f"http://127.0.0.1:{prefect_port}/api/health"):
             with urllib.request.urlopen(url, timeout=10) as response:
                 assert response.status == 200
