@@ -99,7 +99,9 @@ def stage_job(name: str, commit: str, lock: str) -> None:
     if _run(["git", "rev-parse", "HEAD"]).strip() != commit:
         log.info("checking out %s", commit)
         subprocess.run(["git", "fetch", "--quiet"], capture_output=True)  # the commit may be newer than this clone
-        _run(["git", "checkout", "--quiet", commit])
+        # --force: the worker's clone is the jobs' own; what an earlier job left in its tracked files (dvc.lock, git-
+        # tracked outputs) is discarded
+        _run(["git", "checkout", "--quiet", "--force", commit])
     Path("dvc.lock").write_text(lock)
     _run(_dvc("pull", "--allow-missing", "--quiet"))
     log.info("running stage %s (commit %s)", name, commit[:8])
