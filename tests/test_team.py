@@ -173,19 +173,28 @@ def test_a_stage_sent_to_another_work_pool_runs_there_through_the_dvc_remote(pro
     with serving(worker("standin-gpu", servers["env"], free_port(), tmp_path / "gpu-worker.log")):
         with temporary_settings(updates={PREFECT_API_URL: servers["env"]["PREFECT_API_URL"]}):
             deploy_stage_jobs("standin-gpu", root=job_clone)
-        result = subprocess.run(
-            [str(BIN / "didpo"), "run", "--stages", "mine", "--no-push"], cwd=root, env=env, capture_output=True,
-            text=True, timeout=900,
-        )  # fmt: skip
-    assert result.returncode == 0, (
-        result.stdout[-3000:] + result.stderr[-3000:] + (tmp_path / "gpu-worker.log").read_text()[-3000:]
-    )
-    assert "stage mine: outputs pulled" in result.stdout + result.stderr
-    for path in ("data/mined/pairs.jsonl", "data/mined/report.json", "data/mined/headline.json"):
-        assert (root / path).read_bytes() == (job_clone / path).read_bytes(), path
-    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]["mine"]
-    assert lock["params"]["params.yaml"]["mine"]["alpha"] == 0.02  # recorded as run with the new alpha
-    assert "up to date" in sh(["dvc", "status", "mine"], root).stdout
+        # twice: the second commit is newer than the job's clone, which an earlier job left with its dvc.lock and
+        # outputs changed (it fetches and checks the commit out)
+        for alpha in (0.02, 0.03):
+            if alpha != 0.02:
+                params["mine"]["alpha"] = alpha
+                (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+                sh(["git", "commit", "-qam", f"mine alpha {alpha}"], root)
+            result = subprocess.run(
+                [str(BIN / "didpo"), "run", "--stages", "mine", "--no-push"], cwd=root, env=env, capture_output=True,
+                text=True, timeout=900,
+            )  # fmt: skip
+            assert result.returncode == 0, (
+                result.stdout[-3000:] + result.stderr[-3000:] + (tmp_path / "gpu-worker.log").read_text()[-3000:]
+            )
+            assert "stage mine: outputs pulled" in result.stdout + result.stderr
+            for path in ("data/mined/pairs.jsonl", "data/mined/report.json", "data/mined/headline.json"):
+                assert (root / path).read_bytes() == (job_clone / path).read_bytes(), path
+            lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]["mine"]
+            assert lock["params"]["params.yaml"]["mine"]["alpha"] == alpha  # recorded as run with the new alpha
+            assert "up to date" in sh(["dvc", "status", "mine"], root).stdout
+    head = sh(["git", "rev-parse", "HEAD"], root).stdout
+    assert sh(["git", "rev-parse", "HEAD"], job_clone).stdout == head  # the job ran the pipeline's commit
 
 
 def test_the_kubernetes_gpu_job_template_is_valid_for_prefects_kubernetes_worker(servers):
