@@ -16,7 +16,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: git-identity browser setup setup-dev export-env run test test-slow lint bench ui clean ablation run-large screenshots
+.PHONY: git-identity browser setup setup-dev export-env run quick test test-slow lint bench ui clean ablation run-large screenshots
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,19 @@ setup-dev: $(VENV)/.dev-installed $(EXPORT_ENV)/.installed git-identity browser
 
 run: setup
 	$(BIN)/didpo run
+
+# The quick path (README): every stage runs for real but SFT and its gate, which are restored from the committed
+# run (docs/results/default_run/, 95 min of training on 2 cores); self-play, DPO, RL, the baseline and the evaluation
+# run on small budgets, so the registered model and its decision come from a run of minutes. It leaves these budgets
+# in params.yaml: `git checkout params.yaml dvc.lock` and `scripts/restore_run.py restore` return to the default run.
+QUICK := --set baseline.val_problems=2 --set baseline.humaneval_problems=2 --set selfplay.n_prompts=4 \
+	--set dpo.max_steps=2 --set dpo.max_pairs=16 --set dpo.val_problems=2 --set didpo.steps=2 \
+	--set didpo.screen_problems=8 --set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 \
+	--set evaluate.humaneval_problems=8 --set evaluate.n_samples=2 --set evaluate.process_problems=1
+quick: setup
+	$(BIN)/didpo run --stages base_model,prepare,simulate_logs,validate,mine --no-push
+	$(BIN)/python scripts/restore_run.py restore --stages sft,gate
+	$(BIN)/didpo run --no-push $(QUICK)
 
 # The whole suite but GPU tests: the fast default run plus the slow ones (2-process training, real model conversion).
 test: setup-dev

@@ -75,21 +75,60 @@ def _stage_order() -> list[str]:
         raise typer.Exit(2) from None
 
 
+def _produced() -> dict[str, str]:
+    """Input paths an earlier stage writes (``{path: stage}``): the default feedback logs."""
+    from flows.paths import SIMULATED_LOGS
+
+    return {str(SIMULATED_LOGS): "simulate_logs"}
+
+
 def _check_inputs(params_path: Path, stages: list[str]):
     """params.yaml loaded and the files it names for `stages` checked (`tasks.inputs.check_inputs`), before anything
     starts; a problem is printed (one line each, naming the key and the path) and exits 2."""
-    from flows.paths import SIMULATED_LOGS
     from tasks.config import ConfigError, InputError, load_params
     from tasks.inputs import check_inputs
 
-    produced = {str(SIMULATED_LOGS): "simulate_logs"}  # the default feedback logs: an earlier stage writes them
     try:
         params = load_params(params_path)
-        check_inputs(params, stages, produced, source=str(params_path))
+        check_inputs(params, stages, _produced(), source=str(params_path))
     except (ConfigError, InputError) as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
     return params
+
+
+def _apply_settings(params_path: Path, overrides: list[str], stages: list[str]) -> None:
+    """Write `overrides` (``section.key=value``, Hydra's override grammar as `dvc exp run -S`:
+    `dvc.utils.hydra.apply_overrides`) into `params_path`, after applying them to a copy and checking that copy as
+    `_check_inputs` checks params.yaml: a key params.yaml does not have, a value of the wrong type or out of range is
+    one error line (exit status 2) and the file is left as it was."""
+    import shutil
+    import tempfile
+
+    from dvc.exceptions import InvalidArgumentError
+    from dvc.utils.hydra import apply_overrides
+
+    import yaml
+
+    from tasks.config import ConfigError, InputError, parse_params
+    from tasks.inputs import check_inputs
+
+    source = f"{params_path} with --set {' '.join(overrides)}"
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = Path(tmp) / params_path.name
+        shutil.copyfile(params_path, trial)
+        try:
+            apply_overrides(trial, overrides)
+            check_inputs(parse_params(yaml.safe_load(trial.read_text()), source), stages, _produced(), source=source)
+        except InvalidArgumentError as exc:  # Hydra's reason is the cause: an unknown key, a malformed override
+            reason = str(exc.__cause__ or exc).splitlines()[0]
+            typer.secho(f"{source}: {reason} (keys are params.yaml's: section.key=value)", fg="red", err=True)
+            raise typer.Exit(2) from None
+        except (ConfigError, InputError) as exc:
+            typer.secho(str(exc), fg="red", err=True)
+            raise typer.Exit(2) from None
+        shutil.copyfile(trial, params_path)
+    typer.echo(f"params.yaml: set {', '.join(overrides)} (`git checkout params.yaml` returns to the committed ones)")
 
 
 def run_stage_flow(name: str, params: str):
@@ -235,11 +274,20 @@ def run(
         "", help=f"Comma-separated stages to run (default: all of dvc.yaml's graph): {STAGES_HELP}."
     ),
     push: bool = typer.Option(True, help="dvc push the outputs to the default remote at the end."),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        "-S",
+        metavar="SECTION.KEY=VALUE",
+        help="Change a setting before the run, written into params.yaml as `dvc exp run -S` writes it (repeat it for "
+        "several; checked with the rest of params.yaml first). `git checkout params.yaml` returns to the committed "
+        "settings.",
+    ),
 ) -> None:
     """Run the whole pipeline (the DVC graph, stage by stage) under one MLflow parent run and one Prefect API.
 
-    Settings: ./params.yaml (the file DVC tracks and every stage reads); change single values for an experiment with
-    dvc exp run -S section.key=value. The files it names are checked before the first stage starts.
+    Settings: ./params.yaml (the file DVC tracks and every stage reads); --set changes single values in it. The files
+    it names are checked before the first stage starts.
     """
     setup_environment()
     from prefect.exceptions import TerminationSignal
@@ -253,6 +301,8 @@ def run(
     if unknown:
         typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
+    if set_:
+        _apply_settings(params, set_, selected or known)
     _check_inputs(params, selected or known)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
