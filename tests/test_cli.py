@@ -245,3 +245,45 @@ def test_deploy_needs_a_prefect_server_and_team_a_free_port(monkeypatch):
 
         result = runner.invoke(app, ["team", "--mlflow-port", str(free_port()), "--prefect-port", str(port)])
     assert result.exit_code == 1 and f"prefect: port {port} is in use: --prefect-port N" in result.output
+
+
+def test_run_set_writes_params_as_dvc_exp_run_and_refuses_bad_settings_untouched(tmp_path):
+    """`didpo run --set`: the values land in params.yaml with its comments and other keys as they were (DVC's own
+    writer, as `dvc exp run -S`); an unknown key, a value out of range or a missing file named by a setting is one
+    line naming the key, exit status 2, and the file is byte for byte what it was."""
+    import shutil
+    from pathlib import Path
+
+    import typer
+    import yaml
+
+    from flows.cli import _apply_settings
+
+    params = tmp_path / "params.yaml"
+    shutil.copyfile(Path("params.yaml"), params)
+    before = params.read_text()
+    _apply_settings(params, ["dpo.max_steps=3", "evaluate.checkpoints=[dpo,didpo]"], ["dpo", "evaluate"])
+    after = params.read_text()
+    loaded, original = yaml.safe_load(after), yaml.safe_load(before)
+    assert loaded["dpo"]["max_steps"] == 3 and loaded["evaluate"]["checkpoints"] == ["dpo", "didpo"]
+    loaded["dpo"]["max_steps"], loaded["evaluate"]["checkpoints"] = (
+        original["dpo"]["max_steps"],
+        original["evaluate"]["checkpoints"],
+    )
+    assert loaded == original  # nothing else changed
+    assert "max_steps: 3              # the embedded CPU budget" in after  # comments kept (lists go block style)
+
+    shutil.copyfile(Path("params.yaml"), params)
+    for setting, says in (
+        ("dpo.max_stepz=3", "Could not override 'dpo.max_stepz'"),
+        ("dpo.max_steps=-3", "dpo.max_steps must be >= 0, got -3"),
+        ("dpo.max_steps", "Error parsing override 'dpo.max_steps'"),
+        ("validate.feedback_logs=nope.jsonl", "validate.feedback_logs: nope.jsonl does not exist"),
+    ):
+        with pytest.raises(typer.Exit) as stop:
+            _apply_settings(params, [setting], ["validate", "dpo"])
+        assert stop.value.exit_code == 2
+        assert params.read_text() == before, setting
+    result = runner.invoke(app, ["run", "--set", "dpo.max_stepz=3"])
+    assert result.exit_code == 2
+    assert "params.yaml with --set dpo.max_stepz=3: Could not override 'dpo.max_stepz'" in result.output
