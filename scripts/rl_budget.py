@@ -4,6 +4,7 @@ it started from, and the table applies the pre-registered decision.
 
     python scripts/rl_budget.py point ARM STEP   # in the workspace of ARM's run: evaluate its policy after STEP
     python scripts/rl_budget.py table            # docs/results/rl_budget/table.md from every recorded point
+    python scripts/rl_budget.py drift            # docs/results/rl_budget/drift/drift.md from the drift runs
 
 ``point`` rebuilds ``data/checkpoints/didpo/merged`` from the DPO checkpoint and the adapter the run kept after STEP
 (``data/checkpoints/didpo/points/step_NNNN``), exactly as the stage exports its own (`scripts/restore_run.py`'s
@@ -185,6 +186,68 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DRIFT_RUNS = {  # docs/results/rl_budget/drift/<run>/history.json: 31 didpo steps, control start_policy (the rules)
+    "sp_s0": "seed 0",
+    "sp_s1": "seed 1",
+    "wdid0_s0": "w_did = 0, seed 0",
+}
+DRIFT_STEPS = (6, 31)
+
+
+def drift_figures(history: list[dict]) -> dict:
+    """One drift run's KL to the start policy (``didpo/kl_start``) at steps 6 and 31, its mean over the last
+    `LAST_STEPS` steps that updated the policy, the optimizer updates made (sum of ``didpo/updates``) and the mean
+    rollout pass rate. Raises ValueError when the history stops before step 31."""
+    by_step = {row["step"]: row for row in history}
+    if DRIFT_STEPS[-1] not in by_step:
+        raise ValueError(f"the run's history stops at step {max(by_step, default=0)}, before {DRIFT_STEPS[-1]}")
+    fig = training_figures(history, DRIFT_STEPS[-1])
+    return {
+        **{f"kl_step{s}": by_step[s].get("didpo/kl_start", float("nan")) for s in DRIFT_STEPS},
+        "kl_last5": fig["kl_start_last5"],
+        "updates": sum(row.get("didpo/updates", 0) for row in history if row["step"] <= DRIFT_STEPS[-1]),
+        "pass_rate": sum(row["didpo/pass_rate"] for row in history) / len(history),
+    }
+
+
+def drift_verdict(figures: dict[str, dict]) -> str:
+    """The pre-registered rule (preregistration.md, "DiDPO's drift"), on the mean KL over the last 5 steps before step
+    31 (``kl_last5``; the rules name the three figures, and this one decides: fixed in code before the first drift run
+    finished): the drift is the process term's only if the w_did = 0 run's KL lies below both seeds' KL by more than
+    the two seeds differ; otherwise it is read as a property of step counts and seed."""
+    kl = {run: f["kl_last5"] for run, f in figures.items()}
+    spread = abs(kl["sp_s0"] - kl["sp_s1"])
+    margin = min(kl["sp_s0"], kl["sp_s1"]) - kl["wdid0_s0"]
+    if margin > spread:
+        return (
+            f"attributed to the process term: w_did = 0 drifts {margin:.4f} less than the lower seed, more than the "
+            f"seeds differ ({spread:.4f})"
+        )
+    return (
+        f"not attributed to the process term: w_did = 0 is {margin:+.4f} below the lower seed, within the seeds' own "
+        f"difference ({spread:.4f}); a property of step counts and seed"
+    )
+
+
+def drift_table(folder: Path) -> str:
+    """Markdown: each drift run's KL figures, updates and pass rate, then the verdict."""
+    figures = {}
+    for run in DRIFT_RUNS:
+        history = json.loads((folder / run / "history.json").read_text())["history"]
+        figures[run] = drift_figures(history)
+    lines = [
+        "| run | KL at step 6 | KL at step 31 | KL, mean of last 5 | optimizer updates | rollout pass rate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for run, label in DRIFT_RUNS.items():
+        f = figures[run]
+        lines.append(
+            f"| {label} | {f['kl_step6']:.4f} | {f['kl_step31']:.4f} | {f['kl_last5']:.4f} | {f['updates']} "
+            f"| {f['pass_rate']:.3f} |"
+        )
+    return "\n".join(lines + ["", f"Verdict: {drift_verdict(figures)}."]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -192,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     point.add_argument("arm", choices=ARMS)
     point.add_argument("step", type=int)
     sub.add_parser("table", help="write and print docs/results/rl_budget/table.md")
+    sub.add_parser("drift", help="write and print docs/results/rl_budget/drift/drift.md")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if args.command == "drift":
+        text = drift_table(OUT / "drift")
+        (OUT / "drift" / "drift.md").write_text(text)
+        print(text, end="")
+        return 0
     if args.command == "table":
         text = table(load_points())
         (OUT / "table.md").write_text(text)

@@ -87,3 +87,31 @@ def test_the_decision_waits_for_all_arms_then_applies_holm(tmp_path, monkeypatch
     assert "rft at 1504 rollouts: p 0.0039, Holm rejects H0: passes Holm, fails the HumanEval guard" in text
     assert "grpo at 1504 rollouts: p 1.0000, Holm keeps H0: no change detected" in text
     assert "didpo at 1504 rollouts" in text and "Holm keeps H0" in text.split("didpo at")[1]
+
+
+def drift_history(kl_scale, updates=2):
+    rows = history(31)
+    for row in rows:
+        row["didpo/kl_start"] *= kl_scale
+        row["didpo/updates"], row["didpo/pass_rate"] = updates, 0.5
+    return rows
+
+
+def test_drift_figures_and_the_preregistered_verdict(tmp_path):
+    fig = rl_budget.drift_figures(drift_history(1.0))
+    assert fig["kl_step6"] == pytest.approx(0.06) and fig["kl_step31"] == pytest.approx(0.31)
+    assert fig["kl_last5"] == pytest.approx(0.29)  # steps 27..31
+    assert fig["updates"] == 62 and fig["pass_rate"] == 0.5
+    with pytest.raises(ValueError, match="before 31"):
+        rl_budget.drift_figures(history(20))
+    # seeds 0.29 and 0.29 x 1.1 = 0.319 differ by 0.029; w_did = 0 at 0.29 x 0.5 = 0.145 is 0.145 below: attributed
+    runs = {"sp_s0": 1.0, "sp_s1": 1.1, "wdid0_s0": 0.5}
+    for run, scale in runs.items():
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "history.json").write_text(json.dumps({"history": drift_history(scale)}))
+    text = rl_budget.drift_table(tmp_path)
+    assert "| w_did = 0, seed 0 | 0.0300 | 0.1550 | 0.1450 | 62 | 0.500 |" in text
+    assert "Verdict: attributed to the process term: w_did = 0 drifts 0.1450 less" in text
+    # seeds 0.29 and 0.58 differ by 0.29; w_did = 0 at 0.145 lies 0.145 below the lower: within the spread
+    figures = {run: {"kl_last5": 0.29 * s} for run, s in {"sp_s0": 1.0, "sp_s1": 2.0, "wdid0_s0": 0.5}.items()}
+    assert rl_budget.drift_verdict(figures).startswith("not attributed to the process term: w_did = 0 is +0.1450")
