@@ -105,10 +105,9 @@ def _apply_settings(params_path: Path, overrides: list[str], stages: list[str]) 
     import shutil
     import tempfile
 
+    import yaml
     from dvc.exceptions import InvalidArgumentError
     from dvc.utils.hydra import apply_overrides
-
-    import yaml
 
     from tasks.config import ConfigError, InputError, parse_params
     from tasks.inputs import check_inputs

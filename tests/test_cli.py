@@ -247,7 +247,7 @@ def test_deploy_needs_a_prefect_server_and_team_a_free_port(monkeypatch):
     assert result.exit_code == 1 and f"prefect: port {port} is in use: --prefect-port N" in result.output
 
 
-def test_run_set_writes_params_as_dvc_exp_run_and_refuses_bad_settings_untouched(tmp_path):
+def test_run_set_writes_params_as_dvc_exp_run_and_refuses_bad_settings_untouched(tmp_path, capsys):
     """`didpo run --set`: the values land in params.yaml with its comments and other keys as they were (DVC's own
     writer, as `dvc exp run -S`); an unknown key, a value out of range or a missing file named by a setting is one
     line naming the key, exit status 2, and the file is byte for byte what it was."""
@@ -282,7 +282,7 @@ def test_run_set_writes_params_as_dvc_exp_run_and_refuses_bad_settings_untouched
     ):
         with pytest.raises(typer.Exit) as stop:
             _apply_settings(params, [setting], ["validate", "dpo"])
-        assert stop.value.exit_code == 2
+        assert stop.value.exit_code == 2 and says in capsys.readouterr().err
         assert params.read_text() == before, setting
     result = runner.invoke(app, ["run", "--set", "dpo.max_stepz=3"])
     assert result.exit_code == 2
