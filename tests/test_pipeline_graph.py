@@ -129,8 +129,10 @@ def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
         pipeline.progress_line(1, order, 0.0, timings, {"gate"})
         == "stage 1/3: prepare (elapsed 0 min 00 s, ETA 3 min 09 s)"
     )
-    # sft out of date: sft and gate (gate depends on it), not prepare before it
-    assert pipeline.progress_line(1, order, 0.0, timings, {"sft"}).endswith("ETA 1 h 05 min)")
+    # sft out of date (`out_of_date` adds gate, which depends on it): not prepare before it
+    assert pipeline.progress_line(1, order, 0.0, timings, {"sft", "gate"}).endswith("ETA 1 h 05 min)")
+    # the quick path: sft and gate restored, prepare and a later stage out of date: 59 s + 189 s, not sft's hour
+    assert pipeline.progress_line(1, order, 0.0, timings, {"prepare", "gate"}).endswith("ETA 4 min 08 s)")
     assert pipeline.progress_line(1, order, 0.0, timings, set()).endswith("ETA 0 min 00 s)")  # all up to date
     # a fresh clone: stages never run here take the committed run's figures, and the line says so
     reference = {"prepare": 16.6, "sft": 5148.9, "gate": 569.2}
@@ -149,8 +151,8 @@ def test_progress_line_and_the_eta_from_the_last_timings(tmp_path, monkeypatch):
 
 def test_out_of_date_is_what_dvc_status_finds_changed(tmp_path):
     """A real DVC project (no git): after `dvc repro` nothing is out of date; a changed dependency puts its stage
-    back (DVC reports the stage itself, not the ones downstream: `progress_line` counts those); no DVC project
-    means every stage."""
+    back with every stage downstream of it in DVC's graph, and not a stage beside it; no DVC project means every
+    stage."""
     import os
     import subprocess
     import sys
@@ -165,13 +167,15 @@ def test_out_of_date_is_what_dvc_status_finds_changed(tmp_path):
     (tmp_path / "dvc.yaml").write_text(
         "stages:\n  a:\n    cmd: cp in.txt a.txt\n    deps: [in.txt]\n    outs: [a.txt]\n"
         "  b:\n    cmd: cp a.txt b.txt\n    deps: [a.txt]\n    outs: [b.txt]\n"
+        "  c:\n    cmd: cp in.txt c.txt\n    deps: [in.txt]\n    outs: [c.txt]\n"
+        "  d:\n    cmd: cp b.txt d.txt\n    deps: [b.txt]\n    outs: [d.txt]\n"
     )
-    assert out_of_date(["a", "b"], tmp_path) == {"a", "b"}  # never run
+    assert out_of_date(["a", "b", "c", "d"], tmp_path) == {"a", "b", "c", "d"}  # never run
     subprocess.run([dvc, "repro", "-q"], cwd=tmp_path, check=True, env=env)
-    assert out_of_date(["a", "b"], tmp_path) == set()
-    (tmp_path / "in.txt").write_text("2\n")
-    assert out_of_date(["a", "b"], tmp_path) == {"a"}
-    assert out_of_date(["b"], tmp_path) == set()  # only the stages asked about
+    assert out_of_date(["a", "b", "c", "d"], tmp_path) == set()
+    (tmp_path / "a.txt").write_text("changed\n")  # a's output edited: a is changed, b and d run after it, c does not
+    assert out_of_date(["a", "b", "c", "d"], tmp_path) == {"a", "b", "d"}
+    assert out_of_date(["c"], tmp_path) == set()  # only the stages asked about
 
 
 def test_dvc_git_and_push_hints_are_dropped_and_everything_else_kept(tmp_path):
