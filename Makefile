@@ -65,11 +65,13 @@ run: setup
 # its decision come from a run of minutes; they are a smoke test of the whole chain, not a measurement. It leaves
 # these settings in params.yaml: `git checkout params.yaml dvc.lock` then `scripts/restore_run.py restore` return to
 # the default run.
-QUICK := --set baseline.val_problems=2 --set baseline.humaneval_problems=2 --set selfplay.n_prompts=4 \
-	--set dpo.max_steps=2 --set dpo.max_pairs=16 --set dpo.batch_size=2 --set dpo.val_problems=2 --set didpo.steps=2 \
+QUICK := --set baseline.val_problems=2 --set baseline.humaneval_problems=2 --set selfplay.n_prompts=2 \
+	--set dpo.max_steps=2 --set dpo.max_pairs=8 --set dpo.batch_size=2 --set dpo.val_problems=1 --set didpo.steps=2 \
 	--set didpo.screen_problems=8 --set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 \
-	--set evaluate.humaneval_problems=8 --set evaluate.n_samples=2 --set evaluate.process_problems=0
-quick: setup
+	--set evaluate.humaneval_problems=4 --set evaluate.n_samples=2 --set evaluate.process_problems=0
+# the two environments install side by side (-j2): they share nothing
+quick:
+	$(MAKE) -j2 setup
 	$(BIN)/didpo run --stages base_model,prepare,simulate_logs,validate,mine --no-push
 	$(BIN)/python scripts/restore_run.py restore --stages sft,gate
 	$(BIN)/didpo run --no-push $(QUICK)

@@ -492,7 +492,7 @@ def rollback(params: Path = typer.Option(Path("params.yaml"), help="The params f
     """Move the registry's champion alias back to the version the current champion replaced."""
     setup_environment()
     from tasks.config import ConfigError, load_params
-    from tasks.registry import rollback_champion
+    from tasks.register import rollback_champion
     from tasks.tracking import configure
 
     try:

@@ -68,7 +68,7 @@ from tasks.evaluate import (
     too_small,
 )
 from tasks.io import write_json, write_lines
-from tasks.registry import download_champion
+from tasks.register import download_champion
 from tasks.sandbox import make_verifier
 
 # one entry per checkpoint evaluation (tasks.evaluate.evaluation_key): a memo beside .cache/openvino, not a DVC out
@@ -135,9 +135,9 @@ def selection_prefix(params) -> int:
 
 
 # What the evaluate stage runs that cannot change a figure: how it is logged (`flows.code_graph.WATCHING`), where the
-# champion comes from (tasks.registry; its weights are in the key), the stage's wiring and paths (flows: the settings
+# champion comes from (tasks.register; its weights are in the key), the stage's wiring and paths (flows: the settings
 # and the protocol they pass are in the key). Editing them keeps every cached evaluation valid.
-EVAL_WATCHING = WATCHING | {"tasks.registry"}
+EVAL_WATCHING = WATCHING | {"tasks.register"}
 
 
 def evaluation_code(root: Path = Path(".")) -> list[Path]:

@@ -1,7 +1,7 @@
 """Stage ``register``: pick the candidate (the trained checkpoint of this run with the best primary metric), log it to
 the MLflow registry as the ``challenger`` and promote it to ``champion`` only when the pre-registered paired test
 against the incumbent (the champion measured in the same evaluate run, else the base model) says it is better
-(tasks/registry.py has the rule and the reasons).
+(tasks/register.py has the rule and the reasons).
 
 The decision, its reasons and the test (p, effect, interval, n, MDE) go to data/register/decision.json (DVC metrics),
 the MLflow run's tags and the model version's tags. ``didpo rollback`` moves ``champion`` back to the version it
@@ -25,7 +25,7 @@ from flows.paths import (
 from tasks import tracking
 from tasks.config import load_params
 from tasks.io import headline, write_json
-from tasks.registry import Evidence, choose_candidate, flatten, register_and_decide
+from tasks.register import Evidence, choose_candidate, flatten, register_and_decide
 
 HEADLINE = {"checkpoint": "checkpoint", "promoted": "promoted", "version": "version"}  # the DVC metric
 

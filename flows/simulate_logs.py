@@ -10,7 +10,8 @@ from prefect import flow
 from flows.paths import GROUND_TRUTH, PREPARED_PROBLEMS, SIMULATED_LOGS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.feedback import simulate, write_frame
+from tasks.io import write_frame
+from tasks.simulate_logs import simulate
 
 
 @flow(name="simulate_logs")

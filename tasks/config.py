@@ -392,7 +392,7 @@ class EvaluateConfig:
 
 @dataclass(frozen=True)
 class RegisterConfig:
-    """The ``register`` section of params.yaml: the pre-registered promotion rule (consumer: `tasks.registry`).
+    """The ``register`` section of params.yaml: the pre-registered promotion rule (consumer: `tasks.register`).
 
     Attributes:
         model_name: the MLflow registered model.

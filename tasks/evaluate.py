@@ -47,7 +47,7 @@ SPLITS = ("val", "test", "heldout", "humaneval")
 # The fewest problems a split's figures are drawn or tabled with. With n problems a pass@1 moves in steps of
 # 1 / (n × answers), and when none passes its 95% upper bound (Clopper–Pearson, 1 − 0.025^(1/n)) is 0.975 at
 # n = 1 and still 0.369 at n = 8: below 8 a figure says nothing, whatever it is (the registry's non-inferiority
-# test has the same floor, tasks.registry.NI_MIN_PROBLEMS).
+# test has the same floor, tasks.register.NI_MIN_PROBLEMS).
 MIN_PROBLEMS = 8
 SPLIT_SIZE_KEYS = {  # the params.yaml key that sets how many problems of each split are measured
     "val": "evaluate.val_per_family",

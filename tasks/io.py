@@ -38,6 +38,20 @@ def write_json(obj: dict, path: Path) -> None:
     atomic_write_lines(path, [json.dumps(obj, indent=2, sort_keys=True)])
 
 
+@task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def write_frame(frame, path: Path) -> None:
+    """A DataFrame as one JSON object per row (UTF-8, column order kept), written atomically."""
+    atomic_write_lines(path, (json.dumps(r, ensure_ascii=False, default=str) for r in frame.to_dict(orient="records")))
+
+
+def read_frame(path: Path, columns: tuple[str, ...]):
+    """A validated JSONL file as a pandas DataFrame with ``columns`` (an empty file gives an empty frame)."""
+    import pandas as pd  # only the feedback-log stages read frames; the others need not import pandas
+
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return pd.DataFrame(rows, columns=list(columns))
+
+
 def split_history(history: list[dict]) -> dict[str, list[dict]]:
     """A training history (`emit` rows) as DVC plot tables of uniform rows: ``train`` (the per-step rows) and
     ``eval`` (the held-out rows, those with an ``…/eval_…`` key). DVC drops a plot file whose rows lack its y key,

@@ -433,9 +433,9 @@ def test_the_evaluation_cache_ignores_watching_code_and_follows_computing_code(t
 
     code = {str(p) for p in evaluation_code()}
     assert {"tasks/evaluate.py", "models/measure.py", "sandbox/verifier.py", "sandbox/worker.py"} <= code
-    assert not {"tasks/tracking.py", "tasks/registry.py", "flows/evaluate.py"} & code
+    assert not {"tasks/tracking.py", "tasks/register.py", "flows/evaluate.py"} & code
     before = fingerprint()
-    for watching in ("tasks/tracking.py", "flows/evaluate.py", "tasks/registry.py", "flows/paths.py"):
+    for watching in ("tasks/tracking.py", "flows/evaluate.py", "tasks/register.py", "flows/paths.py"):
         with open(watching, "a") as f:
             f.write("\nprint('a new log line')\n")
     assert fingerprint() == before

@@ -10,7 +10,7 @@ from datalib.mine import EVENT_COLUMNS, mine_pairs
 from datalib.pii import scrub_text
 from datalib.simulate_logs import PII_KINDS, SimSettings, make_pii, simulate_logs
 from tasks.config import MineConfig
-from tasks.feedback import read_frame, write_frame
+from tasks.io import read_frame, write_frame
 from tasks.validate import validate_feedback_logs
 from tests.test_simulate_logs import PROBLEMS, exec_check
 

@@ -243,7 +243,7 @@ def own_data_project(tmp_path_factory):
     from prefect.server.api.server import SubprocessASGIServer
 
     from datalib.simulate_logs import simulate_logs
-    from tasks.feedback import write_frame
+    from tasks.io import write_frame
     from tests.test_simulate_logs import PROBLEMS, exec_check
     from tests.test_validate import log_event, problem
 

@@ -355,7 +355,7 @@ def test_bad_arguments():
 
 
 def _md5_jsonl(frame: pd.DataFrame) -> str:
-    """md5 of ``frame`` as the simulate_logs stage writes it (tasks.feedback.write_frame: one JSON object a line)."""
+    """md5 of ``frame`` as the simulate_logs stage writes it (tasks.io.write_frame: one JSON object a line)."""
     import hashlib
     import json
 

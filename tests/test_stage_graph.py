@@ -191,3 +191,12 @@ def test_computing_code_imports_no_orchestration_or_tracking():
                     names = [node.module]
                 found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in banned]
     assert not found, found
+
+
+def test_every_stage_has_its_flow_and_its_task_file_named_after_it():
+    """Stage names and files agree (issue 46, item 5): dvc.yaml stage `X` is flows/X.py and tasks/X.py, and each stage's
+    flow imports its own task module."""
+    modules = project_modules()
+    for stage in _stages():
+        assert f"flows.{stage}" in modules and f"tasks.{stage}" in modules, stage
+        assert f"tasks.{stage}" in project_imports(modules[f"flows.{stage}"], modules), stage

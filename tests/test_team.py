@@ -4,7 +4,7 @@ MLflow tracking server and the Prefect server on it, a process work pool and its
 - the tiny pipeline's data stages registered as a deployment (`flows.schedule.deploy_nightly`), picked up and run by
   the worker, logging to the tracking server, which is stopped and restarted while the run goes on: every stage's
   run and metric is read back afterwards from the tracking server's REST API;
-- two promotions at once on the same registry (`tasks.registry.move_champion`): exactly one moves the champion, the
+- two promotions at once on the same registry (`tasks.register.move_champion`): exactly one moves the champion, the
   other is refused and says why;
 - `didpo team` comes up, answers, and on Ctrl-C stops every server and the worker.
 
@@ -252,7 +252,7 @@ def test_two_promotions_at_once_move_the_champion_once(servers, monkeypatch):
     exactly one moves the alias (its previous champion: 1); the other reads the new champion and is refused."""
     import mlflow
 
-    from tasks.registry import move_champion
+    from tasks.register import move_champion
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", servers["env"]["MLFLOW_TRACKING_URI"])
     client = mlflow.MlflowClient(servers["env"]["MLFLOW_TRACKING_URI"])

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from tasks.config import RegisterConfig
-from tasks.registry import (
+from tasks.register import (
     Evidence,
     ProtocolMismatch,
     choose_candidate,
@@ -107,7 +107,7 @@ def test_version_tags_are_short_plain_text():
     """Issue 44: the registry's version list showed `didpo.metrics: {"heldout/complexity_...` and `didpo.test:
     {"alpha": 0.05, "cluster_p...`, JSON cut at the column's width. Each tag is now one short value a person reads:
     the paired test in one line, one tag per metric of the decision with its problems, the RL algorithm."""
-    from tasks.registry import paired_summary, version_tags
+    from tasks.register import paired_summary, version_tags
 
     decision = promotion_decision(evidence("didpo", BETTER), evidence("base", BASE), CFG)
     # Δ 0.30 over 20 problems, 14 changed, all gains: exact p = 2**-14 = 6.1e-05; the per-problem changes have
@@ -180,7 +180,7 @@ def test_registry_promotion_and_rollback(registry):
     from typer.testing import CliRunner
 
     from flows.cli import app
-    from tasks.registry import download_champion, pip_requirements, register_and_decide
+    from tasks.register import download_champion, pip_requirements, register_and_decide
 
     root, model = registry
     client = mlflow.MlflowClient()
@@ -264,7 +264,7 @@ def test_the_promotion_lock_waits_for_its_holder_and_takes_over_a_stale_one(regi
     (its holder died) is taken over; the block's end releases it."""
     import mlflow
 
-    from tasks.registry import promotion_lock
+    from tasks.register import promotion_lock
 
     client = mlflow.MlflowClient()
     lock = CFG.model_name + ".promotion-lock"
