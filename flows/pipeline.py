@@ -304,9 +304,8 @@ def pipeline(stages: list[str] | None = None, push: bool = True, params_path: st
             reference = read_stage_seconds(REFERENCE_TIMINGS)
             for i, name in enumerate(order, 1):
                 elapsed = time.monotonic() - started
-                # once a stage has run, the ones after it may be out of date too (DVC finds out when it gets there)
-                counted = None if any(ran.values()) else to_run
-                logger.info(progress_line(i, order, elapsed, read_stage_seconds(), counted, reference))
+                # to_run holds every stage downstream of a changed one: all that can run after a stage has run
+                logger.info(progress_line(i, order, elapsed, read_stage_seconds(), to_run, reference))
                 if name in pools and name in out_of_date([name]):  # its inputs and outputs through the DVC remote
                     try:
                         returncode, ran[name] = dispatch_stage(name, pools[name])

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 from tasks.config import BaselineConfig, VerifierSection
 from tasks.io import headline, read_problems, write_json
 from tasks.measure import load_checkpoint, make_sampler, measure_split, resolve_engine
@@ -13,6 +16,7 @@ from tasks.sandbox import make_verifier
 HEADLINE = {"val.pass@1": "val.pass@1", "val.pass@16": "val.pass@16"}  # the DVC metric (tasks.io.headline)
 
 
+@task(cache_policy=NO_CACHE)
 def measure_base(
     checkpoint: Path,
     problems_path: Path,
