@@ -300,9 +300,10 @@ def run(
     if unknown:
         typer.secho(f"unknown stage(s) {', '.join(unknown)}; stages: {', '.join(known)}", fg="red", err=True)
         raise typer.Exit(2)
-    if set_:
+    if set_:  # checks the changed params.yaml before writing it
         _apply_settings(params, set_, selected or known)
-    _check_inputs(params, selected or known)
+    else:
+        _check_inputs(params, selected or known)
     with _prefect_api() as api_url:
         typer.echo(f"pipeline: Prefect API {api_url}")
         if os.environ.get("PREFECT_UI_URL") == PREFECT_UI:  # the temporary API serves no UI
