@@ -59,21 +59,21 @@ setup-dev: $(VENV)/.dev-installed $(EXPORT_ENV)/.installed git-identity browser
 run: setup
 	$(BIN)/didpo run
 
-# The quick path (README): every stage runs for real but SFT and its gate, which are restored from the committed
-# run (docs/results/default_run/, 95 min of training on 2 cores); the baseline, self-play, DPO, RL and the evaluation
-# run on small budgets (DPO 2 pairs a step: its peak memory 8.4 GB instead of about 17 GB), so the registered model and
-# its decision come from a run of minutes; they are a smoke test of the whole chain, not a measurement. It leaves
-# these settings in params.yaml: `git checkout params.yaml dvc.lock` then `scripts/restore_run.py restore` return to
-# the default run.
-QUICK := --set baseline.val_problems=2 --set baseline.humaneval_problems=2 --set selfplay.n_prompts=2 \
-	--set dpo.max_steps=2 --set dpo.max_pairs=8 --set dpo.batch_size=2 --set dpo.val_problems=1 --set didpo.steps=2 \
-	--set didpo.screen_problems=8 --set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 \
-	--set evaluate.humaneval_problems=4 --set evaluate.n_samples=2 --set evaluate.process_problems=0
+# The quick path (README): every stage runs for real but the baseline, SFT and its gate, which are restored from the
+# committed run (docs/results/default_run/: the base model's measurement and 95 min of training on 2 cores); self-play,
+# DPO, RL and the evaluation run on small budgets (DPO 2 pairs a step: its peak memory 8.4 GB instead of about 17 GB),
+# so the registered model and its decision come from a run of minutes; they are a smoke test of the whole chain, not a
+# measurement. It leaves these settings in params.yaml: `git checkout params.yaml dvc.lock` then
+# `scripts/restore_run.py restore` return to the default run.
+QUICK := --set selfplay.n_prompts=2 --set dpo.max_steps=2 --set dpo.max_pairs=8 --set dpo.batch_size=2 \
+	--set dpo.val_problems=1 --set didpo.steps=2 --set didpo.screen_problems=8 --set evaluate.val_per_family=1 \
+	--set evaluate.heldout_per_family=1 --set evaluate.humaneval_problems=4 --set evaluate.n_samples=2 \
+	--set evaluate.process_problems=0
 # the two environments install side by side (-j2): they share nothing
 quick:
 	$(MAKE) -j2 setup
 	$(BIN)/didpo run --stages base_model,prepare,simulate_logs,validate,mine --no-push
-	$(BIN)/python scripts/restore_run.py restore --stages sft,gate
+	$(BIN)/python scripts/restore_run.py restore --stages baseline,sft,gate
 	$(BIN)/didpo run --no-push $(QUICK)
 
 # The whole suite but GPU tests: the fast default run plus the slow ones (2-process training, real model conversion).

@@ -1,8 +1,8 @@
 """Save a finished run's trained stages to a committed snapshot, and restore them in another clone instead of
 training again (the default SFT alone is 84 min on 2 AVX512-BF16 cores and ≈ 3 h on AVX2 ones).
 
-    .venv/bin/python scripts/restore_run.py save    [--snapshot DIR] [--stages sft,gate,selfplay,dpo,didpo]
-    .venv/bin/python scripts/restore_run.py restore [--snapshot DIR] [--stages sft,gate,selfplay,dpo,didpo]
+    .venv/bin/python scripts/restore_run.py save    [--snapshot DIR] [--stages baseline,sft,gate,selfplay,dpo,didpo]
+    .venv/bin/python scripts/restore_run.py restore [--snapshot DIR] [--stages baseline,sft,gate,selfplay,dpo,didpo]
 
 The DVC remote of a run lives outside git, so a new clone has the run's dvc.lock and metrics but none of its cached
 outputs, and `dvc repro` would train everything again. `save` copies the listed stages' DVC-cached outputs (dvc.yaml
@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_SNAPSHOT = Path("docs/results/default_run")
-DEFAULT_STAGES = "sft,gate,selfplay,dpo,didpo"
+DEFAULT_STAGES = "baseline,sft,gate,selfplay,dpo,didpo"
 
 
 def _output_entries(stage: str, dvc_yaml: Path, keys: tuple[str, ...]) -> list[tuple[Path, bool]]:
