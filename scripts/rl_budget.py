@@ -5,6 +5,8 @@ it started from, and the table applies the pre-registered decision.
     python scripts/rl_budget.py point ARM STEP   # in the workspace of ARM's run: evaluate its policy after STEP
     python scripts/rl_budget.py table            # docs/results/rl_budget/table.md from every recorded point
     python scripts/rl_budget.py drift            # docs/results/rl_budget/drift/drift.md from the drift runs
+    python scripts/rl_budget.py precheck CONTROL # in the workspace of didpo's 31-step run with CONTROL: evaluate
+                                                 # it at 4 answers, record it; with both recorded, the choice
 
 ``point`` rebuilds ``data/checkpoints/didpo/merged`` from the DPO checkpoint and the adapter the run kept after STEP
 (``data/checkpoints/didpo/points/step_NNNN``), exactly as the stage exports its own (`scripts/restore_run.py`'s
@@ -81,14 +83,16 @@ def training_figures(history: list[dict], step: int) -> dict:
     }
 
 
-def point_record(arm: str, step: int, claim: dict, per_problem: dict, history: list[dict], adapter_sha: str) -> dict:
+def point_record(
+    arm: str, step: int, claim: dict, per_problem: dict, history: list[dict], adapter_sha: str, samples: int = SAMPLES
+) -> dict:
     """One kept point: its claim (val pass@1 against DPO), both checkpoints' per-problem scores and the training
-    figures up to `step`. Raises ValueError for a protocol other than the pre-registered one (not 16 answers, or dpo
-    and didpo not both measured)."""
-    if claim.get("samples_per_problem") != SAMPLES:
+    figures up to `step`. Raises ValueError for a protocol other than the pre-registered one (not `samples` answers, or
+    dpo and didpo not both measured)."""
+    if claim.get("samples_per_problem") != samples:
         raise ValueError(
-            f"evaluated with {claim.get('samples_per_problem')} answers per problem, not {SAMPLES}: "
-            f"set evaluate.n_samples: {SAMPLES} and evaluate.checkpoints: [dpo, didpo]"
+            f"evaluated with {claim.get('samples_per_problem')} answers per problem, not {samples}: "
+            f"set evaluate.n_samples: {samples} and evaluate.checkpoints: [dpo, didpo]"
         )
     scores = per_problem["checkpoints"]
     splits = ("val", "humaneval", "heldout")
@@ -186,6 +190,57 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PRECHECK_STEP = 31  # 496 rollouts
+PRECHECK_SAMPLES = 4  # answers per val problem in the pre-check
+CONTROLS = ("start_policy", "group")
+TIE = 0.01  # |difference of the two Δ| below this is a tie, and a tie runs `group`
+
+
+def precheck_choice(deltas: dict[str, float]) -> str:
+    """The pre-registered choice of didpo's control (preregistration.md, "didpo's control, pre-check"): the control
+    whose 31-step run has the larger Δ val pass@1 against DPO (4 answers per problem); on a tie (|difference| <
+    `TIE`) `group`, which drifted less in the 2026-12-03 ablation. `deltas`: ``{control: Δ}`` for both `CONTROLS`."""
+    if abs(deltas["start_policy"] - deltas["group"]) < TIE:
+        return "group"
+    return max(CONTROLS, key=lambda control: deltas[control])
+
+
+def precheck_table(folder: Path) -> str:
+    """Markdown: each recorded control's Δ val pass@1 against DPO (interval, p, MDE) and KL, then the choice once both
+    are recorded."""
+    lines = [
+        f"{PRECHECK_STEP} didpo steps ({PRECHECK_STEP * ROLLOUTS_PER_STEP} rollouts), seed 0; val {PRECHECK_SAMPLES} "
+        "answers per problem; Δ = RL - DPO, one-sided paired sign-flip p (RL better), 95% interval, MDE at alpha 0.05 "
+        "and power 0.8.",
+        "",
+        "| control | val pass@1 | Δ vs DPO [95% CI] | p | MDE | HumanEval Δ | KL to start (last 5) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    deltas = {}
+    for control in CONTROLS:
+        path = folder / f"{control}.json"
+        if not path.is_file():
+            lines.append(f"| {control} | not yet | | | | | |")
+            continue
+        point = json.loads(path.read_text())
+        t = tests(point)
+        rl_val = sum(point["scores"]["didpo"]["val"].values()) / len(point["scores"]["didpo"]["val"])
+        deltas[control] = t["val"].effect
+        lines.append(
+            f"| {control} | {rl_val:.3f} | {t['val'].effect:+.3f} [{t['val'].low:+.3f}, {t['val'].high:+.3f}] "
+            f"| {t['val'].p_value:.3f} | {t['val'].mde:.3f} | {t['guard'].effect:+.3f} "
+            f"| {point['training']['kl_start_last5']:.4f} |"
+        )
+    lines.append("")
+    if len(deltas) < len(CONTROLS):
+        lines.append(f"Choice: waiting for {sorted(set(CONTROLS) - set(deltas))}.")
+    else:
+        lines.append(
+            f"Choice: `{precheck_choice(deltas)}` runs the curve (larger Δ; a tie below {TIE} would run `group`)."
+        )
+    return "\n".join(lines) + "\n"
+
+
 DRIFT_RUNS = {  # docs/results/rl_budget/drift/<run>/history.json: 31 didpo steps, control start_policy (the rules)
     "sp_s0": "seed 0",
     "sp_s1": "seed 1",
@@ -256,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     point.add_argument("step", type=int)
     sub.add_parser("table", help="write and print docs/results/rl_budget/table.md")
     sub.add_parser("drift", help="write and print docs/results/rl_budget/drift/drift.md")
+    precheck = sub.add_parser("precheck", help="evaluate didpo's 31-step run with CONTROL at 4 answers and record it")
+    precheck.add_argument("control", choices=CONTROLS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.command == "drift":
@@ -272,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.paths import DIDPO_CHECKPOINT, DPO_CHECKPOINT
 
-    adapter = DIDPO_CHECKPOINT / "points" / f"step_{args.step:04d}"
+    step, samples = (PRECHECK_STEP, PRECHECK_SAMPLES) if args.command == "precheck" else (args.step, SAMPLES)
+    adapter = DIDPO_CHECKPOINT / "points" / f"step_{step:04d}"
     if not (adapter / "adapter_model.safetensors").is_file():
         print(
-            f"error: {adapter} holds no kept policy: run the RL stage with didpo.keep_steps including {args.step}",
+            f"error: {adapter} holds no kept policy: run the RL stage with didpo.keep_steps including {step}",
             file=sys.stderr,
         )
         return 2
@@ -286,21 +344,29 @@ def main(argv: list[str] | None = None) -> int:
     history = json.loads(Path("data/didpo/history.json").read_text())["history"]
     try:
         record = point_record(
-            args.arm,
-            args.step,
+            "didpo" if args.command == "precheck" else args.arm,
+            step,
             json.loads((evaluate / "rl_claim.json").read_text()),
             json.loads((evaluate / "per_problem.json").read_text()),
             history,
             sha,
+            samples,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    target = OUT / args.arm / f"step_{args.step:04d}.json"
+    if args.command == "precheck":
+        target = OUT / "precheck" / f"{args.control}.json"
+    else:
+        target = OUT / args.arm / f"step_{step:04d}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     claim = record["claim"]
-    print(f"{args.arm} step {args.step}: Δ {claim['delta']:+.3f}, p {claim['p_value']:.3f} -> {target}")
+    print(f"{record['arm']} step {step}: Δ {claim['delta']:+.3f}, p {claim['p_value']:.3f} -> {target}")
+    if args.command == "precheck":
+        text = precheck_table(target.parent)
+        (target.parent / "precheck.md").write_text(text)
+        print(text, end="")
     return 0
 
 

@@ -49,7 +49,7 @@ def test_training_figures_average_the_last_five_updating_steps_before_the_point(
 IDS = [f"t/{i}" for i in range(8)]
 
 
-def point(arm, step, rl_val, samples=16):
+def point(arm, step, rl_val, samples=16, expected=16):
     dpo_val = [0.5] * 8
     scores = {
         name: {
@@ -60,7 +60,7 @@ def point(arm, step, rl_val, samples=16):
         for name, vals in (("dpo", dpo_val), ("didpo", rl_val))
     }
     claim = {"samples_per_problem": samples, "protocol": "p1", "engine": "openvino/f32", "n_problems": 8, "seed": 0}
-    return rl_budget.point_record(arm, step, claim, {"checkpoints": scores}, history(step), "sha")
+    return rl_budget.point_record(arm, step, claim, {"checkpoints": scores}, history(step), "sha", expected)
 
 
 def test_a_point_measured_under_another_protocol_is_refused():
@@ -115,3 +115,20 @@ def test_drift_figures_and_the_preregistered_verdict(tmp_path):
     # seeds 0.29 and 0.58 differ by 0.29; w_did = 0 at 0.145 lies 0.145 below the lower: within the spread
     figures = {run: {"kl_last5": 0.29 * s} for run, s in {"sp_s0": 1.0, "sp_s1": 2.0, "wdid0_s0": 0.5}.items()}
     assert rl_budget.drift_verdict(figures).startswith("not attributed to the process term: w_did = 0 is +0.1450")
+
+
+def test_the_precheck_picks_the_larger_gain_and_group_on_a_tie(tmp_path):
+    assert rl_budget.precheck_choice({"start_policy": 0.05, "group": 0.02}) == "start_policy"
+    assert rl_budget.precheck_choice({"start_policy": -0.05, "group": -0.02}) == "group"
+    assert rl_budget.precheck_choice({"start_policy": 0.025, "group": 0.02}) == "group"  # |0.005| < 0.01: a tie
+    with pytest.raises(ValueError, match="16 answers per problem, not 4"):
+        point("didpo", 31, [0.5] * 8, samples=16, expected=4)
+    # start_policy: 8 problems +0.25 each against DPO's 0.5; group: unchanged
+    (tmp_path / "start_policy.json").write_text(json.dumps(point("didpo", 31, [0.75] * 8, samples=4, expected=4)))
+    text = rl_budget.precheck_table(tmp_path)
+    # interval: 0.25 +/- the Clopper-Pearson floor 1 - 0.025^(1/8) = 0.369 (no spread); p = 1/256
+    assert "| start_policy | 0.750 | +0.250 [-0.119, +0.619] | 0.004 |" in text
+    assert "| group | not yet |" in text and "waiting for ['group']" in text
+    (tmp_path / "group.json").write_text(json.dumps(point("didpo", 31, [0.5] * 8, samples=4, expected=4)))
+    text = rl_budget.precheck_table(tmp_path)
+    assert "| group | 0.500 | +0.000" in text and "Choice: `start_policy` runs the curve" in text
