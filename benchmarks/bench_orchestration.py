@@ -41,7 +41,7 @@ COPY = ["flows", "tasks", "models", "sandbox", "datalib", "dvc.yaml", "params.ya
 
 DIRECT = """
 from pathlib import Path
-from flows.evaluate import evaluate_headline, selection_prefix
+from tasks.evaluate import evaluate_headline, selection_prefix
 from flows.paths import (
     CHECKPOINTS, EVAL_DELTAS, EVAL_FIGURES, EVAL_HEADLINE, EVAL_METRICS, EVAL_PER_PROBLEM, EVAL_PROTOCOL, EVAL_REPORT,
     EVAL_SAMPLES, EVALUATE, HISTORIES, VALID_PROBLEMS, present_checkpoints,

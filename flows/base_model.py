@@ -12,7 +12,6 @@ from flows.paths import BASE_CHECKPOINT, BASE_REPORT
 from tasks import tracking
 from tasks.base_model import materialise_base
 from tasks.config import load_params
-from tasks.io import write_json
 
 
 @flow(name="base_model")
@@ -20,7 +19,6 @@ def run(params_path: str = "params.yaml") -> dict:
     """Materialise the base checkpoint and record where it came from."""
     params = load_params(params_path)
     with tracking.stage_run("base_model", params.tracking, params.base_model):
-        facts = materialise_base(params.base_model, BASE_CHECKPOINT)
-        write_json(facts, BASE_REPORT)
+        facts = materialise_base(params.base_model, BASE_CHECKPOINT, BASE_REPORT)
         tracking.log_artifacts(BASE_REPORT)
     return facts

@@ -24,37 +24,32 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.didpo import run_didpo
-from tasks.io import headline, read_problems, write_history, write_json
-from tasks.sandbox import make_verifier
-
-# the DVC metric (tasks.io.headline): the last step's rollout pass rate and KL to the start policy
-HEADLINE = {"algo": "algo", "step": "global_step", "pass_rate": "pass_rate/last", "kl_start": "kl_start/last"}
+from tasks.didpo import rl, rl_worker
 
 
 @flow(name="didpo")
 def run(params_path: str = "params.yaml") -> dict:
     """Run RL, export adapter + merged checkpoint, write rollouts, metrics and the per-step curves."""
     params = load_params(params_path)
-    cfg = params.didpo
     policy = CHECKPOINTS["dpo"]  # the DPO stage's export
-    if not (policy / "config.json").is_file():
-        raise FileNotFoundError(f"{policy} holds no checkpoint: run the dpo stage first (`didpo stage dpo`)")
     with tracking.stage_run(
         "didpo",
         params.tracking,
-        cfg,
+        params.didpo,
         inputs=(str(VALID_PROBLEMS), str(policy)),
         resume_dir=DIDPO_CHECKPOINT / "checkpoints",
     ):
-        problems = read_problems(VALID_PROBLEMS, "train", required=True)
-        with make_verifier(params.verifier) as verifier:
-            metrics, history = run_didpo(
-                policy, params.base_model.dtype, problems, cfg, verifier, DIDPO_CHECKPOINT, DIDPO_ROLLOUTS, DIDPO_POOL
-            )
-        write_json(metrics, DIDPO_METRICS)
-        write_json(headline(metrics, HEADLINE), DIDPO_HEADLINE)
-        write_history(history, DIDPO_HISTORY)
+        metrics = rl(
+            params,
+            policy,
+            VALID_PROBLEMS,
+            DIDPO_CHECKPOINT,
+            DIDPO_ROLLOUTS,
+            DIDPO_POOL,
+            DIDPO_METRICS,
+            DIDPO_HEADLINE,
+            DIDPO_HISTORY,
+        )
         tracking.log_artifacts(DIDPO_METRICS, DIDPO_HISTORY, DIDPO_ROLLOUTS, DIDPO_POOL, artifact_path="didpo")
     return metrics
 
@@ -64,15 +59,4 @@ def worker(params_path: str = "params.yaml") -> None:
     inputs `run` gives it (rank 0 runs `run`: Prefect, MLflow and the DVC outputs); its verifier checks its share
     of every step's programs."""
     params = load_params(params_path)
-    problems = read_problems(VALID_PROBLEMS, "train")
-    with make_verifier(params.verifier) as verifier:
-        run_didpo.fn(
-            CHECKPOINTS["dpo"],
-            params.base_model.dtype,
-            problems,
-            params.didpo,
-            verifier,
-            DIDPO_CHECKPOINT,
-            DIDPO_ROLLOUTS,
-            DIDPO_POOL,
-        )
+    rl_worker(params, CHECKPOINTS["dpo"], VALID_PROBLEMS, DIDPO_CHECKPOINT, DIDPO_ROLLOUTS, DIDPO_POOL)

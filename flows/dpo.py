@@ -24,39 +24,32 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.dpo import answer_quality, expected_reference_hash, run_dpo, smoke_check, training_pairs
-from tasks.io import headline, read_problems, write_history, write_json
-from tasks.sandbox import make_verifier
-
-# the DVC metric (tasks.io.headline): the held-out loss of the step it exported
-HEADLINE = {"eval_loss": "best_eval.dpo/eval_loss"}
+from tasks.dpo import dpo, expected_reference_hash, run_dpo, training_pairs
 
 
 @flow(name="dpo")
 def run(params_path: str = "params.yaml") -> dict:
     """Verify the reference, smoke-check SFT answers, train, smoke-check DPO answers; write metrics and history."""
     params = load_params(params_path)
-    cfg, dtype = params.dpo, params.base_model.dtype
     reference = SFT_CHECKPOINT / "merged"
     with tracking.stage_run(
         "dpo",
         params.tracking,
-        cfg,
+        params.dpo,
         inputs=(str(SELFPLAY_PAIRS), str(reference)),
         resume_dir=DPO_CHECKPOINT / "checkpoints",
     ):
-        expected, origin = expected_reference_hash(SFT_METRICS, reference)
-        train, held_out = training_pairs(SELFPLAY_PAIRS, cfg)
-        problems = read_problems(VALID_PROBLEMS, "val", cfg.val_problems)
-        with make_verifier(params.verifier) as verifier:
-            before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)
-            metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, DPO_CHECKPOINT)
-            after = answer_quality(DPO_CHECKPOINT / "merged", dtype, problems, cfg.max_new_tokens, verifier)
-        smoke, logged = smoke_check(before, after)
-        metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
-        write_json(metrics, DPO_METRICS)
-        write_json(headline(metrics, HEADLINE), DPO_HEADLINE)
-        write_history(history, DPO_HISTORY)
+        metrics, logged = dpo(
+            params,
+            SELFPLAY_PAIRS,
+            SFT_METRICS,
+            reference,
+            VALID_PROBLEMS,
+            DPO_CHECKPOINT,
+            DPO_METRICS,
+            DPO_HEADLINE,
+            DPO_HISTORY,
+        )
         tracking.log_artifacts(DPO_METRICS, DPO_HISTORY, artifact_path="dpo")
         tracking.mlflow_emit(logged, step=metrics["global_step"])
     return metrics

@@ -10,8 +10,6 @@ replaced.
 
 from __future__ import annotations
 
-import json
-
 from prefect import flow
 
 from flows.paths import (
@@ -24,47 +22,21 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import headline, write_json
-from tasks.register import Evidence, choose_candidate, flatten, register_and_decide
-
-HEADLINE = {"checkpoint": "checkpoint", "promoted": "promoted", "version": "version"}  # the DVC metric
+from tasks.register import gather_evidence, register
 
 
 @flow(name="register")
 def run(params_path: str = "params.yaml") -> dict:
     """Choose the candidate, register it, decide champion/challenger, record the decision."""
     params = load_params(params_path)
-    cfg = params.register
-    evaluated = json.loads(EVAL_METRICS.read_text())
-    measured = json.loads(EVAL_PER_PROBLEM.read_text())
-    families = json.loads(EVAL_PROTOCOL.read_text())["families"]
-    evidence = {
-        name: Evidence(name, measured["protocol"], scores, families, flatten(evaluated[name]))
-        for name, scores in measured["checkpoints"].items()
-    }
-    candidate = choose_candidate(evidence, cfg)
-    incumbent = "champion" if "champion" in evidence else "base"
-    if incumbent not in evidence:
-        raise FileNotFoundError(
-            "no champion yet and the base model was not evaluated: add base to evaluate.checkpoints, so the first "
-            "version can be tested against it"
-        )
+    evidence, candidate, incumbent = gather_evidence(params, EVAL_METRICS, EVAL_PER_PROBLEM, EVAL_PROTOCOL)
     path = present_checkpoints()[candidate]
     algo = params.didpo.algo if candidate == "didpo" else None  # the RL checkpoint: named by its algorithm
-    with tracking.stage_run("register", params.tracking, cfg, inputs=(str(EVAL_METRICS), str(path)), algo=algo):
-        result = register_and_decide(
-            path,
-            evidence[candidate],
-            evidence[incumbent],
-            cfg,
-            params.base_model.dtype,
-            params.base_model.name_or_path,
-            algo=algo,
-            measured_champion=measured.get("champion_version"),
+    inputs = (str(EVAL_METRICS), str(path))
+    with tracking.stage_run("register", params.tracking, params.register, inputs=inputs, algo=algo):
+        result = register(
+            params, path, evidence, candidate, incumbent, EVAL_PER_PROBLEM, REGISTER_DECISION, REGISTER_HEADLINE
         )
-        decision = result.as_dict()
-        write_json(decision, REGISTER_DECISION)
-        write_json(headline(decision, HEADLINE), REGISTER_HEADLINE)
         tracking.set_tags(
             {
                 "didpo.decision": "promoted" if result.promoted else "rejected",
@@ -87,4 +59,4 @@ def run(params_path: str = "params.yaml") -> dict:
             0,
         )
         tracking.log_artifacts(REGISTER_DECISION, artifact_path="register")
-    return decision
+    return result.as_dict()

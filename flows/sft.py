@@ -12,10 +12,7 @@ from prefect import flow
 from flows.paths import BASE_CHECKPOINT, SFT_CHECKPOINT, SFT_HEADLINE, SFT_HISTORY, SFT_METRICS, VALID_PROBLEMS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import headline, read_problems, write_history, write_json
-from tasks.sft import run_sft
-
-HEADLINE = {"eval_loss": "best_eval_loss"}  # the DVC metric (tasks.io.headline)
+from tasks.sft import run_sft, sft, sft_data
 
 
 @flow(name="sft")
@@ -29,14 +26,7 @@ def run(params_path: str = "params.yaml") -> dict:
         inputs=(str(VALID_PROBLEMS), str(BASE_CHECKPOINT)),
         resume_dir=SFT_CHECKPOINT / "checkpoints",
     ):
-        train = read_problems(VALID_PROBLEMS, "train", required=True)
-        held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
-        metrics, history = run_sft(
-            BASE_CHECKPOINT, params.base_model.dtype, train, held_out, params.sft, SFT_CHECKPOINT
-        )
-        write_json(metrics, SFT_METRICS)
-        write_json(headline(metrics, HEADLINE), SFT_HEADLINE)
-        write_history(history, SFT_HISTORY)
+        metrics = sft(params, VALID_PROBLEMS, BASE_CHECKPOINT, SFT_CHECKPOINT, SFT_METRICS, SFT_HEADLINE, SFT_HISTORY)
         tracking.log_artifacts(SFT_METRICS, SFT_HISTORY, artifact_path="sft")
     return metrics
 
@@ -45,6 +35,5 @@ def worker(params_path: str = "params.yaml") -> None:
     """A rank > 0 of the stage under ``accelerate launch`` (``launch.num_processes`` > 1): the training alone, on the
     inputs `run` gives it (rank 0 runs `run`: Prefect, MLflow and the DVC outputs)."""
     params = load_params(params_path)
-    train = read_problems(VALID_PROBLEMS, "train")
-    held_out = read_problems(VALID_PROBLEMS, "val", params.gate.val_problems)
+    train, held_out = sft_data(params, VALID_PROBLEMS)
     run_sft.fn(BASE_CHECKPOINT, params.base_model.dtype, train, held_out, params.sft, SFT_CHECKPOINT)

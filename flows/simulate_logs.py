@@ -10,7 +10,6 @@ from prefect import flow
 from flows.paths import GROUND_TRUTH, PREPARED_PROBLEMS, SIMULATED_LOGS
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_frame
 from tasks.simulate_logs import simulate
 
 
@@ -20,9 +19,7 @@ def run(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     cfg = params.simulate_logs
     with tracking.stage_run("simulate_logs", params.tracking, cfg, inputs=(str(PREPARED_PROBLEMS),)):
-        events, truth = simulate(PREPARED_PROBLEMS, cfg, params.verifier)
-        write_frame(events, SIMULATED_LOGS)
-        write_frame(truth, GROUND_TRUTH)
+        events, truth = simulate(PREPARED_PROBLEMS, cfg, params.verifier, SIMULATED_LOGS, GROUND_TRUTH)
         counts = {
             "simulate_logs/events": len(events),
             "simulate_logs/users": events["user_id"].nunique(),

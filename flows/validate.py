@@ -9,7 +9,6 @@ or a bad-row-rate threshold fails (the report is written and logged first, so pe
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 
@@ -25,27 +24,27 @@ from flows.paths import (
 )
 from tasks import tracking
 from tasks.config import load_params
-from tasks.io import write_json
-from tasks.validate import validate_logs_task, validate_pairs_task, validate_problems_task
+from tasks.validate import ensure_passed, quarantine_summary, report_dict, validate
 
 
 @flow(name="validate")
 def run(params_path: str = "params.yaml") -> dict:
     """Validate every input dataset, write the JSON/Markdown report, fail loudly when a contract is broken."""
-    from tasks.validate import ensure_passed, quarantine_summary, report_dict, write_report
-
     params = load_params(params_path)
     cfg = params.validate
     inputs = (str(PREPARED_PROBLEMS), cfg.feedback_logs, cfg.human_pairs)
     with tracking.stage_run("validate", params.tracking, cfg, inputs=inputs):
-        reports = [
-            validate_problems_task(params, PREPARED_PROBLEMS, VALID_PROBLEMS, QUARANTINE / "problems.jsonl"),
-            validate_logs_task(cfg, Path(cfg.feedback_logs), VALID_LOGS, QUARANTINE / "feedback_logs.jsonl"),
-            validate_pairs_task(cfg, Path(cfg.human_pairs), VALID_PAIRS, QUARANTINE / "human_pairs.jsonl"),
-        ]
-        write_report(reports, VALIDATE_REPORT_JSON, VALIDATE_REPORT_MD)
-        # the DVC metric: rows quarantined across the datasets (per dataset and rule: the report)
-        write_json({"quarantined": sum(r.rows_quarantined for r in reports)}, VALIDATE_HEADLINE)
+        reports = validate(
+            params,
+            PREPARED_PROBLEMS,
+            VALID_PROBLEMS,
+            VALID_LOGS,
+            VALID_PAIRS,
+            QUARANTINE,
+            VALIDATE_REPORT_JSON,
+            VALIDATE_REPORT_MD,
+            VALIDATE_HEADLINE,
+        )
         tracking.log_artifacts(VALIDATE_REPORT_JSON, VALIDATE_REPORT_MD, QUARANTINE, artifact_path="validation")
         tracking.mlflow_emit(
             {

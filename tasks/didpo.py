@@ -11,8 +11,13 @@ from prefect.cache_policies import NO_CACHE
 from models.config import DiDPOConfig
 from models.distributed import is_main_process
 from models.training import resume_or_start_over
-from tasks.config import InputError
+from tasks.config import InputError, Params
+from tasks.io import headline, read_problems, write_history, write_json
+from tasks.sandbox import make_verifier
 from tasks.tracking import mlflow_emit
+
+# the DVC metric (tasks.io.headline): the last step's rollout pass rate and KL to the start policy
+HEADLINE = {"algo": "algo", "step": "global_step", "pass_rate": "pass_rate/last", "kl_start": "kl_start/last"}
 
 # Screens of the start policy by their key (`models.didpo.pool_cache_key`): RL arms from the same start weights and
 # problems (an ablation, a budget curve) screen once.
@@ -116,3 +121,42 @@ def run_didpo(
         Path(pool).parent.mkdir(parents=True, exist_ok=True)
         Path(pool).write_text("{}\n")  # no screen (didpo.screen_samples 0): an empty pool file keeps the DVC out
     return metrics, result.history
+
+
+def rl(
+    params: Params,
+    policy: Path,
+    problems_path: Path,
+    out: Path,
+    rollouts_out: Path,
+    pool_out: Path,
+    metrics_out: Path,
+    headline_out: Path,
+    history_out: Path,
+) -> dict:
+    """The stage's work (rank 0): RL (``didpo.algo``) from `policy` (the DPO export) on `problems_path`'s train split,
+    exported to `out`, rollouts to `rollouts_out`, the pool to `pool_out`; the metrics to `metrics_out`, their headline
+    to `headline_out`, the per-step curves to `history_out`. Returns the metrics.
+
+    Raises:
+        FileNotFoundError: `policy` holds no checkpoint (the dpo stage has not run).
+    """
+    if not (policy / "config.json").is_file():
+        raise FileNotFoundError(f"{policy} holds no checkpoint: run the dpo stage first (`didpo stage dpo`)")
+    problems = read_problems(problems_path, "train", required=True)
+    with make_verifier(params.verifier) as verifier:
+        metrics, history = run_didpo(
+            policy, params.base_model.dtype, problems, params.didpo, verifier, out, rollouts_out, pool_out
+        )
+    write_json(metrics, metrics_out)
+    write_json(headline(metrics, HEADLINE), headline_out)
+    write_history(history, history_out)
+    return metrics
+
+
+def rl_worker(params: Params, policy: Path, problems_path: Path, out: Path, rollouts_out: Path, pool_out: Path) -> None:
+    """A rank > 0 under ``accelerate launch``: the training alone (rank 0 runs `rl`); its verifier checks its share of
+    every step's programs."""
+    problems = read_problems(problems_path, "train")
+    with make_verifier(params.verifier) as verifier:
+        run_didpo.fn(policy, params.base_model.dtype, problems, params.didpo, verifier, out, rollouts_out, pool_out)

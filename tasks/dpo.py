@@ -11,7 +11,13 @@ from prefect.cache_policies import NO_CACHE
 from models.config import DPOConfig
 from models.distributed import is_main_process
 from models.training import resume_or_start_over
+from tasks.config import Params
+from tasks.io import headline, read_pairs, read_problems, write_history, write_json
+from tasks.sandbox import make_verifier
 from tasks.tracking import mlflow_emit
+
+# the DVC metric (tasks.io.headline): the held-out loss of the step it exported
+HEADLINE = {"eval_loss": "best_eval.dpo/eval_loss"}
 
 
 def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[dict]]:
@@ -23,7 +29,6 @@ def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[d
     """
     from models.dpo import select_pairs, split_pairs
     from tasks.config import InputError
-    from tasks.selfplay import read_pairs
 
     pairs = read_pairs(pairs_path)
     train, held_out = split_pairs(select_pairs(pairs, cfg.max_pairs, cfg.seed), cfg.held_out_frac)
@@ -152,3 +157,34 @@ def run_dpo(
         "best_eval": result.best_eval,
     }
     return metrics, result.history
+
+
+def dpo(
+    params: Params,
+    pairs: Path,
+    sft_metrics: Path,
+    reference: Path,
+    problems_path: Path,
+    out: Path,
+    metrics_out: Path,
+    headline_out: Path,
+    history_out: Path,
+) -> tuple[dict, dict]:
+    """The stage's work (rank 0): verify the `reference` (SFT merged) against the hash in `sft_metrics`, smoke-check
+    its answers on ``dpo.val_problems`` val problems of `problems_path`, train on `pairs` to `out`, smoke-check the
+    DPO answers; write the metrics to `metrics_out`, their headline to `headline_out`, the curves to `history_out`.
+    Returns ``(metrics, logged)``: ``logged`` the smoke check's figures for the tracker."""
+    cfg, dtype = params.dpo, params.base_model.dtype
+    expected, origin = expected_reference_hash(sft_metrics, reference)
+    train, held_out = training_pairs(pairs, cfg)
+    problems = read_problems(problems_path, "val", cfg.val_problems)
+    with make_verifier(params.verifier) as verifier:
+        before = answer_quality(reference, dtype, problems, cfg.max_new_tokens, verifier)
+        metrics, history = run_dpo(reference, expected, dtype, train, held_out, cfg, out)
+        after = answer_quality(out / "merged", dtype, problems, cfg.max_new_tokens, verifier)
+    smoke, logged = smoke_check(before, after)
+    metrics = {**metrics, "reference_sha256": expected, "reference_hash_origin": origin, "smoke": smoke}
+    write_json(metrics, metrics_out)
+    write_json(headline(metrics, HEADLINE), headline_out)
+    write_history(history, history_out)
+    return metrics, logged

@@ -34,14 +34,19 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import KS, EvaluateConfig
+from tasks.config import CHECKPOINT_NAMES, KS, EvaluateConfig, Params
+from tasks.io import write_json, write_lines
+from tasks.register import download_champion
+from tasks.sandbox import make_verifier
 
 SPLITS = ("val", "test", "heldout", "humaneval")
 # The fewest problems a split's figures are drawn or tabled with. With n problems a pass@1 moves in steps of
@@ -661,3 +666,134 @@ def flat_metrics(metrics: dict, prefix: str = "eval") -> dict[str, float]:
             elif isinstance(m, int | float):
                 flat[f"{prefix}/{name}/{split}"] = float(m)
     return flat
+
+
+def evaluate_headline(metrics: dict) -> dict[str, dict]:
+    """``{checkpoint: {"val.pass@1": value, "humaneval.pass@1": value}}``: the figures a person reads first, one DVC
+    metric file per checkpoint (``data/evaluate/headline/<checkpoint>.json``), so ``dvc metrics show`` prints a row
+    per checkpoint under the columns the baseline and the gate fill too. Test and held-out pass@1, pass@k, process
+    metrics and the changes with their p-values stay in metrics.json and deltas.json, DVC outputs beside it."""
+    return {
+        name: {
+            f"{split}.pass@1": m[split]["pass@1"]
+            for split in ("val", "humaneval")
+            if isinstance(m.get(split), dict) and "pass@1" in m[split]
+        }
+        for name, m in metrics.items()
+    }
+
+
+def rl_claim_record(per_problem: dict, families: dict, protocol: dict, params: Params, commit: str) -> dict:
+    """`rl_claim` of this run (RL against the DPO checkpoint it started from, on val; `commit` the code's), or
+    ``{"verdict": "not measured", "reason": ...}`` when ``evaluate.checkpoints`` leaves one of them out."""
+    if not all(per_problem.get(name, {}).get("val") for name in ("dpo", "didpo")):
+        return {"verdict": "not measured", "reason": "evaluate.checkpoints does not measure both dpo and didpo on val"}
+    rl = params.didpo
+    return rl_claim(
+        per_problem["dpo"]["val"],
+        per_problem["didpo"]["val"],
+        protocol,
+        rl.algo,
+        params.register.alpha,
+        clusters=families.get("val"),
+        start="dpo",
+        commit=commit,
+        rl_config={
+            "control": rl.reward.control,
+            "shaping": rl.reward.shaping,
+            "critic": rl.critic,
+            "steps": rl.steps,
+            "prompts_per_step": rl.prompts_per_step,
+            "group_size": rl.group_size,
+            "learning_rate": rl.learning_rate,
+            "seed": rl.seed,
+        },
+    )
+
+
+def selection_prefix(params: Params) -> int:
+    """How many val problems (from the first) other stages use to choose or smoke-check a checkpoint: the gate and
+    SFT's held-out loss (``gate.val_problems``), DPO's smoke check, the baseline. Raises ValueError when one of them
+    uses every val problem (0), since the protocol then has none left."""
+    used = {
+        "gate.val_problems": params.gate.val_problems,
+        "dpo.val_problems": params.dpo.val_problems,
+        "baseline.val_problems": params.baseline.val_problems,
+    }
+    every = [name for name, n in used.items() if n == 0]
+    if every:
+        raise ValueError(f"{every} = 0 uses every val problem: the evaluation protocol needs val problems of its own")
+    return max(used.values())
+
+
+def evaluate(
+    params: Params,
+    checkpoints: dict[str, Path],
+    problems_path: Path,
+    champion_dir: Path,
+    code: Sequence[Path],
+    cache: Path,
+    commit: str,
+    histories: dict[str, Path],
+    out: dict[str, Path],
+    log,
+) -> tuple[dict, dict, int | None, list[str]]:
+    """The stage's work: measure `checkpoints` (``{name: folder}``) and the registry's champion (downloaded into
+    `champion_dir`) on the protocol's problems of `problems_path`; an evaluation whose key (`evaluation_key`: weights,
+    protocol, settings, `code`) is in `cache` is reused. `log` (a logger) gets a line per checkpoint and the warnings
+    of `too_small`. Writes to `out`'s paths: ``samples`` (a folder: <checkpoint>/<split>.jsonl), ``metrics``,
+    ``deltas``, ``rl_claim`` (`commit` recorded in it), ``headline`` (a folder: one file per checkpoint),
+    ``protocol``, ``per_problem``, ``report``, ``passk`` (a folder: passk_<split>.json) and ``figures`` (the pass@k PNG
+    and a training-curve PNG per existing file of `histories`, ``{stage: path}``).
+
+    Returns ``(metrics, protocol, champion_version, reused)``: ``reused`` the checkpoints whose figures came from
+    `cache`."""
+    cfg, dtype = params.evaluate, params.base_model.dtype
+    problems = select_problems(problems_path, cfg, selection_prefix(params))
+    engine = resolve_engine(cfg)
+    protocol = protocol_record(cfg, problems, engine)
+    champion_version = download_champion(params.register.model_name, champion_dir)
+    if champion_version is not None:
+        checkpoints = {**checkpoints, "champion": champion_dir}
+    metrics, per_problem, reused = {}, {}, []
+    splits = ", ".join(f"{split} {len(rows)}" for split, rows in problems.items() if rows)
+    with make_verifier(params.verifier) as verifier:
+        for i, (name, path) in enumerate(checkpoints.items(), start=1):
+            log.info("checkpoint %d/%d: %s (%s problems; %s)", i, len(checkpoints), name, splits, path)
+            key = evaluation_key(path, dtype, cfg, protocol["id"], params.verifier, code)
+            samples = out["samples"] / name
+            metrics[name], per_problem[name], hit = evaluate_once(
+                key, cache, samples, partial(evaluate_checkpoint, path, dtype, problems, cfg, verifier, samples, engine)
+            )
+            if hit:
+                reused.append(name)
+                log.info("%s: same weights, protocol, settings and code as %s: its figures reused", name, key)
+    algo = params.didpo.algo if "didpo" in metrics else None
+    families = {split: [protocol["families"][p["task_id"]] for p in rows] for split, rows in problems.items()}
+    pipeline = {name: scores for name, scores in per_problem.items() if name != "champion"}
+    deltas = pass1_deltas(pipeline, families, seed=cfg.seed)
+    scores = {
+        name: {split: dict(zip(protocol["splits"][split], values, strict=True)) for split, values in s.items()}
+        for name, s in per_problem.items()
+    }
+    write_json(metrics, out["metrics"])
+    write_json(deltas, out["deltas"])
+    write_json(rl_claim_record(pipeline, families, protocol, params, commit), out["rl_claim"])
+    shutil.rmtree(out["headline"], ignore_errors=True)  # a checkpoint measured last time but not now leaves no row
+    for name, figures in evaluate_headline(metrics).items():
+        write_json(figures, out["headline"] / f"{name}.json")
+    write_json(protocol, out["protocol"])
+    write_json(
+        {"protocol": protocol["id"], "champion_version": champion_version, "checkpoints": scores}, out["per_problem"]
+    )
+    for reason in too_small(metrics).values():
+        log.warning(reason)
+    report = comparison_markdown(metrics, algo) + "\n" + deltas_markdown(deltas, algo).rstrip("\n")
+    write_lines([report], out["report"])
+    for split in SPLITS:
+        write_json({"passk": passk_rows(metrics, split, list(CHECKPOINT_NAMES))}, out["passk"] / f"passk_{split}.json")
+    plot_passk(metrics, out["figures"] / "passk.png", algo)
+    for stage, path in histories.items():
+        if path.is_file():
+            plot_history(read_history(path), f"{stage} training", out["figures"] / f"training_{stage}.png")
+    return metrics, protocol, champion_version, reused

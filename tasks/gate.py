@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from tasks.config import GateConfig
+from tasks.config import GateConfig, Params
+from tasks.io import headline, read_problems, write_json
+from tasks.measure import greedy_results, load_checkpoint, make_sampler, measure_split, resolve_engine
+from tasks.sandbox import make_verifier
+
+# the DVC metric (tasks.io.headline): the SFT model's sampled pass@k on the gate's val problems, and the verdict
+HEADLINE = {"val.pass@1": "pass@1", "val.pass@16": "pass@16", "gate": "passed"}
 
 
 def external_change(base: Sequence[float], trained: Sequence[float], seed: int = 0) -> dict:
@@ -74,3 +81,46 @@ def gate_verdict(metrics: dict, cfg: GateConfig) -> GateVerdict:
         "(sft.max_steps / sft.epochs), a higher LoRA rank or full fine-tuning (sft.lora_r, sft.lora), or a bigger "
         "base model (base_model.name_or_path). Lowering gate.threshold only hides the problem.",
     )
+
+
+def gate(
+    params: Params, problems_path: Path, base: Path, sft_merged: Path, out: Path, metrics_out: Path, headline_out: Path
+):
+    """The stage's work: the SFT model (`sft_merged`) samples ``gate.n_samples`` answers per val problem; the verdict
+    against ``gate.threshold``; the external guard (base and SFT greedy on ``gate.external_problems`` HumanEval
+    problems, answers under `out`). Writes the metrics to `metrics_out` and their headline to `headline_out`.
+    Returns ``(metrics, verdict)``; the caller raises the failed verdict (`GateVerdict.raise_if_failed`) once it has
+    logged it."""
+    cfg, dtype = params.gate, params.base_model.dtype
+    problems = read_problems(problems_path, "val", cfg.val_problems, required=True)
+    external = read_problems(problems_path, "humaneval", cfg.external_problems)
+    engine = resolve_engine(cfg.engine, cfg.precision, "gate")
+    with make_verifier(params.verifier) as verifier:
+
+        def external_passes(name, model, tokenizer, sampler):
+            results = greedy_results(
+                model,
+                tokenizer,
+                external,
+                cfg.max_new_tokens,
+                cfg.seed,
+                verifier,
+                out / f"external_{name}.jsonl",
+                sampler,
+            )
+            return [r.pass_at(1) for r in results]
+
+        base_model, base_tokenizer = load_checkpoint(base, dtype)
+        base_passes = external_passes("base", base_model, base_tokenizer, make_sampler(base, base_tokenizer, engine))
+        del base_model
+        model, tokenizer = load_checkpoint(sft_merged, dtype)
+        sampler = make_sampler(sft_merged, tokenizer, engine)
+        sft_passes = external_passes("sft", model, tokenizer, sampler)
+        metrics = measure_split(model, tokenizer, problems, cfg, verifier, out, "val", greedy=False, sampler=sampler)
+    verdict = gate_verdict(metrics, cfg)
+    metrics = {**metrics, "threshold": cfg.threshold, "passed": verdict.passed, "engine": "/".join(engine)}
+    if external:
+        metrics["external"] = external_change(base_passes, sft_passes, seed=cfg.seed)
+    write_json(metrics, metrics_out)
+    write_json(headline(metrics, HEADLINE), headline_out)
+    return metrics, verdict

@@ -124,3 +124,12 @@ def read_problems(path: str | Path, split: str, limit: int = 0, *, required: boo
             "validate stage quarantined are in data/validated/report.md"
         )
     return rows
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """The rows of a pairs JSONL file; [] when the file is missing or empty."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8", errors="surrogateescape") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -29,6 +29,7 @@ from datalib.exercises import exercise_problems, humaneval_overlap
 from datalib.generate import GENERATOR_VERSION, assign_splits, generate_problems, leakage_report
 from datalib.jsonl import parse_line
 from tasks.config import PrepareConfig
+from tasks.io import headline, write_json, write_lines
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function so that it does what its docstring says."
 SCHEMA_DEFAULTS: dict[str, Any] = {
@@ -134,3 +135,23 @@ def prepare_report(problems: list[dict], user_lines: int, cfg: PrepareConfig) ->
 def serialise(problem: dict) -> str:
     """One problem as a canonical JSON line (sorted keys, so the same data gives the same bytes)."""
     return json.dumps(problem, ensure_ascii=False, sort_keys=True)
+
+
+HEADLINE = {"problems": "n_problems"}  # the DVC metric (tasks.io.headline); splits and leakage: the report
+
+
+def prepare(cfg: PrepareConfig, problems_out: Path, report_out: Path, headline_out: Path) -> dict:
+    """The stage's work: generated problems, the exercises and HumanEval (as `cfg` includes them) and the user's
+    problem files, normalised and split, to `problems_out` (JSON lines); the report (counts, leakage check) to
+    `report_out` and its headline to `headline_out`. Returns the report."""
+    problems = generated_problems(cfg)
+    if cfg.include_exercises:
+        problems = problems + general_exercises()
+    if cfg.include_humaneval:
+        problems = problems + humaneval_problems()
+    user_lines = [line for path in cfg.user_problems for line in user_problem_lines(path, cfg)]
+    write_lines([serialise(p) for p in problems] + user_lines, problems_out)
+    report = prepare_report(problems, len(user_lines), cfg)
+    write_json(report, report_out)
+    write_json(headline(report, HEADLINE), headline_out)
+    return report

@@ -33,6 +33,7 @@ stage measured; a champion that changed since is not promoted against (the run s
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -42,7 +43,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import EMBEDDED_MODEL, RegisterConfig
+from tasks.config import EMBEDDED_MODEL, Params, RegisterConfig
+from tasks.io import headline, write_json
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -443,6 +445,61 @@ def register_and_decide(
         test=decision.test,
         challenger_metrics=candidate.metrics,
     )
+
+
+HEADLINE = {"checkpoint": "checkpoint", "promoted": "promoted", "version": "version"}  # the DVC metric
+
+
+def gather_evidence(params: Params, eval_metrics: Path, per_problem: Path, protocol: Path) -> tuple[dict, str, str]:
+    """The evaluate stage's figures as ``(evidence, candidate, incumbent)``: an `Evidence` per measured checkpoint, the
+    candidate (`choose_candidate`) and the incumbent (the measured champion, else the base model).
+
+    Raises:
+        FileNotFoundError: no champion yet and the base model was not evaluated.
+    """
+    evaluated = json.loads(eval_metrics.read_text())
+    measured = json.loads(per_problem.read_text())
+    families = json.loads(protocol.read_text())["families"]
+    evidence = {
+        name: Evidence(name, measured["protocol"], scores, families, flatten(evaluated[name]))
+        for name, scores in measured["checkpoints"].items()
+    }
+    incumbent = "champion" if "champion" in evidence else "base"
+    if incumbent not in evidence:
+        raise FileNotFoundError(
+            "no champion yet and the base model was not evaluated: add base to evaluate.checkpoints, so the first "
+            "version can be tested against it"
+        )
+    return evidence, choose_candidate(evidence, params.register), incumbent
+
+
+def register(
+    params: Params,
+    path: Path,
+    evidence: dict,
+    candidate: str,
+    incumbent: str,
+    per_problem: Path,
+    decision_out: Path,
+    headline_out: Path,
+) -> RegisterResult:
+    """The stage's work: register the `candidate` checkpoint at `path` and decide (`register_and_decide`) against the
+    `incumbent`; the decision to `decision_out` and its headline to `headline_out`. Returns the result."""
+    algo = params.didpo.algo if candidate == "didpo" else None  # the RL checkpoint: named by its algorithm
+    result = register_and_decide(
+        path,
+        evidence[candidate],
+        evidence[incumbent],
+        params.register,
+        params.base_model.dtype,
+        params.base_model.name_or_path,
+        algo=algo,
+        measured_champion=json.loads(per_problem.read_text()).get("champion_version"),
+    )
+    decision = result.as_dict()
+    write_json(decision, decision_out)
+    write_json(headline(decision, HEADLINE), headline_out)
+    return result
 
 
 def rollback_champion(name: str) -> tuple[int, int]:

@@ -11,16 +11,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.config import SelfplayConfig
-from tasks.io import atomic_write_lines
+from tasks.config import Params
+from tasks.io import atomic_write_lines, headline, read_pairs, read_problems, write_json
+from tasks.measure import load_checkpoint
+from tasks.sandbox import make_verifier
 
-
-def read_pairs(path: str | Path) -> list[dict]:
-    """The rows of a pairs JSONL file; [] when the file is missing or empty."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
-        return [json.loads(line) for line in f if line.strip()]
+HEADLINE = {"pairs": "n_pairs"}  # the DVC metric (tasks.io.headline): the training pairs DPO gets, every source
 
 
 @task(retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
@@ -116,3 +112,37 @@ def no_selfplay_pairs_warning(stats: dict, cfg: SelfplayConfig, n_pairs: int) ->
     return f"self-play made 0 pairs from {stats['n_prompts']} prompts ({shown}); {total}; to get pairs: " + "; ".join(
         knobs
     )
+
+
+def selfplay(
+    params: Params,
+    problems_path: Path,
+    sft_merged: Path,
+    mined_pairs: Path,
+    human_pairs: Path,
+    pairs_out: Path,
+    metrics_out: Path,
+    headline_out: Path,
+) -> tuple[dict, str | None]:
+    """The stage's work: the SFT model (`sft_merged`) answers ``selfplay.n_prompts`` train prompts K times, best vs
+    worst become pairs, merged with the mined and human pairs (as ``selfplay`` includes them) into `pairs_out`; counts
+    per source to `metrics_out` and their headline to `headline_out`. Returns ``(metrics, warning)``: the warning of
+    `no_selfplay_pairs_warning` when self-play made no pair, else None."""
+    cfg = params.selfplay
+    model, tokenizer = load_checkpoint(sft_merged, params.base_model.dtype)
+    problems = read_problems(problems_path, "train", cfg.n_prompts, required=True)
+    with make_verifier(params.verifier) as verifier:
+        pairs_selfplay, stats = generate_selfplay_pairs(model, tokenizer, problems, cfg, verifier)
+    mined = read_pairs(mined_pairs) if cfg.include_mined else []
+    human = read_pairs(human_pairs) if cfg.include_human else []
+    pairs = merge_sources(pairs_selfplay, mined, human)
+    counts = Counter(p["source"] for p in pairs)
+    metrics = {
+        **stats,
+        "n_pairs": len(pairs),
+        **{f"n_{s}_pairs_kept": counts.get(s, 0) for s in ("human", "mined", "selfplay")},
+    }
+    write_pairs(pairs, pairs_out)
+    write_json(metrics, metrics_out)
+    write_json(headline(metrics, HEADLINE), headline_out)
+    return metrics, no_selfplay_pairs_warning(stats, cfg, len(pairs))

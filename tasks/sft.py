@@ -11,7 +11,11 @@ from models.checkpoint import checkpoint_hash
 from models.config import SFTConfig
 from models.distributed import is_main_process
 from models.training import resume_or_start_over
+from tasks.config import Params
+from tasks.io import headline, read_problems, write_history, write_json
 from tasks.tracking import mlflow_emit
+
+HEADLINE = {"eval_loss": "best_eval_loss"}  # the DVC metric (tasks.io.headline)
 
 
 @task(cache_policy=NO_CACHE)
@@ -42,3 +46,21 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
         "merged_sha256": checkpoint_hash(result.merged_path),  # the DPO stage accepts only this reference
     }
     return metrics, result.history
+
+
+def sft_data(params: Params, problems: Path) -> tuple[list[dict], list[dict]]:
+    """The train split (required) and the held-out val problems (the gate's first ``gate.val_problems``)."""
+    return read_problems(problems, "train", required=True), read_problems(problems, "val", params.gate.val_problems)
+
+
+def sft(
+    params: Params, problems: Path, base: Path, out: Path, metrics_out: Path, headline_out: Path, history_out: Path
+):
+    """The stage's work (rank 0): train on `problems`' train split from `base`, export to `out`, write the metrics to
+    `metrics_out`, their headline to `headline_out` and the loss curves to `history_out`. Returns the metrics."""
+    train, held_out = sft_data(params, problems)
+    metrics, history = run_sft(base, params.base_model.dtype, train, held_out, params.sft, out)
+    write_json(metrics, metrics_out)
+    write_json(headline(metrics, HEADLINE), headline_out)
+    write_history(history, history_out)
+    return metrics

@@ -60,7 +60,7 @@ from datalib.generate import normalise_text as normalise_prompt  # the leakage k
 from datalib.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
 from datalib.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 from tasks.config import ValidateConfig
-from tasks.io import atomic_write_lines
+from tasks.io import atomic_write_lines, write_json
 from tasks.sandbox import make_verifier
 
 if TYPE_CHECKING:
@@ -815,3 +815,29 @@ def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_
         max_text_chars=cfg.max_text_chars,
         redact=scrub_text,
     )
+
+
+def validate(
+    params,
+    problems: Path,
+    valid_problems: Path,
+    valid_logs: Path,
+    valid_pairs: Path,
+    quarantine: Path,
+    report_json: Path,
+    report_md: Path,
+    headline_out: Path,
+) -> list[DatasetReport]:
+    """The stage's work: the problems (`problems`), the feedback logs and the human pairs (``params.validate``'s
+    paths) through their contracts; valid rows to `valid_problems`, `valid_logs`, `valid_pairs`, every bad row to
+    `quarantine`/<dataset>.jsonl, the report to `report_json` and `report_md`, the rows quarantined (the DVC metric)
+    to `headline_out`. Returns the datasets' reports; `ensure_passed` raises on a broken contract."""
+    cfg = params.validate
+    reports = [
+        validate_problems_task(params, problems, valid_problems, quarantine / "problems.jsonl"),
+        validate_logs_task(cfg, Path(cfg.feedback_logs), valid_logs, quarantine / "feedback_logs.jsonl"),
+        validate_pairs_task(cfg, Path(cfg.human_pairs), valid_pairs, quarantine / "human_pairs.jsonl"),
+    ]
+    write_report(reports, report_json, report_md)
+    write_json({"quarantined": sum(r.rows_quarantined for r in reports)}, headline_out)
+    return reports

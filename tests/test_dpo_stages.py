@@ -12,7 +12,8 @@ from models.dpo import DPOConfig, ReferenceMismatchError, checkpoint_hash, split
 from models.policy import build_tiny_causal_lm
 from sandbox.verifier import Verdict
 from tasks.dpo import expected_reference_hash, run_dpo, smoke_check
-from tasks.selfplay import generate_selfplay_pairs, read_pairs, write_pairs
+from tasks.io import read_pairs
+from tasks.selfplay import generate_selfplay_pairs, write_pairs
 from tests.test_dpo import BASE, PAIRS
 
 PROBLEMS = [

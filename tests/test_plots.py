@@ -39,7 +39,7 @@ def test_plots_render_to_a_page_that_needs_no_network_and_to_pngs(tmp_path):
 
 
 def test_headline_keeps_the_named_figures_only():
-    from flows.evaluate import evaluate_headline
+    from tasks.evaluate import evaluate_headline
     from tasks.io import headline
 
     report = {"n_problems": 5, "splits": {"train": 3, "val": 2}, "leakage": {"group_overlap": 0}}
@@ -62,12 +62,11 @@ def test_headline_keeps_the_named_figures_only():
 
 def test_dvc_metrics_are_the_stages_headlines():
     """`dvc metrics show` is one table whose columns are the union of every metric file's keys (issue 19: 697
-    columns, then 4,280 characters a line): every declared metric is a stage's headline.json, and the flows' headline
+    columns, then 4,280 characters a line): every declared metric is a stage's headline.json, and the stages' headline
     columns, evaluate's (one file a checkpoint) included, stay under 20 in all."""
     import yaml
 
-    from flows import didpo, dpo, gate, prepare, register, selfplay, sft
-    from tasks import baseline, mine  # these stages' headline columns live with their work
+    from tasks import baseline, didpo, dpo, gate, mine, prepare, register, selfplay, sft  # headlines live with the work
 
     stages = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
     metrics = [next(iter(m)) if isinstance(m, dict) else m for s in stages.values() for m in s.get("metrics", [])]
