@@ -71,6 +71,8 @@ import numpy as np
 import pandas as pd
 
 from datalib.schema import EVENT_FIELDS
+from models.measure import assemble_program
+from models.sampling import extract_code
 
 Check = Callable[[str, str, str], bool]
 
@@ -489,9 +491,6 @@ def _sources(
         return cache[key]
 
     if base_answers:
-        from models.measure import assemble_program
-        from models.sampling import extract_code
-
         out = []
         for i, answer in enumerate(base_answers):
             code = extract_code(answer)

@@ -3,6 +3,9 @@
 Help is plain text (typer without rich markup, so a flag shows no type after it); every readable failure (bad params,
 missing input files, unknown stage names or revisions, a stage that stops for a reason it explains) is one error
 line and an exit status, without a traceback.
+
+The commands import the stages' code (torch, transformers, Prefect, MLflow, DVC) inside their bodies, so `didpo --help`
+and the light commands start in a fraction of a second; the same holds for flows/pipeline.py and flows/plots.py.
 """
 
 from __future__ import annotations

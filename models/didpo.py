@@ -74,7 +74,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.advantages import (
+    RunningMeanStd,
+    adaptive_lambda,
+    clip_rewards,
+    didpo_group_advantages,
+    gae,
+    group_advantages,
+    whiten,
+)
+from models.checkpoint import (
+    atomic_directory,
+    load_trainable_state_dict,
+    set_seed,
+    trainable_state_dict,
+    weights_digest,
+)
+from models.code_steps import code_line_ends
 from models.config import DiDPOConfig
+from models.distributed import clip_grad_norm, data_parallel
+from models.lora import apply_lora, count_parameters
+from models.measure import assemble_program
+from models.policy import resolve_device
+from models.process_reward import (
+    Control,
+    did_rewards,
+    mean_control,
+    outcome_reward,
+    overlong_penalty,
+    prefix_scores,
+    reference_curve,
+    terminal_reward,
+    token_gaps,
+    token_rewards,
+)
+from models.prompts import reference_code, user_message
+from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
+from models.sampling import SamplingConfig, build_chat_prompt, collate_completions, pad_token_id, sample
+from models.sft import render_answer
+from models.training import DataOrder, autocast_factory, export, open_checkpoints, restore_loop_state, save_loop_state
+from models.value_head import ValueHead
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +209,6 @@ def _generator_seed(seed: int, purpose: int) -> int:
 def _reference_lines(problem: dict) -> list[str]:
     """The reference solution's steps: the non-blank lines of the complete reference program (signature + the
     canonical body with its step comments, exactly what SFT teaches the model to write)."""
-    from models.prompts import reference_code
 
     return [line for line in reference_code(problem).splitlines() if line.strip()]
 
@@ -205,11 +243,6 @@ def collect_rollouts(
     Returns:
         one group (list of `Rollout`) per problem, in order.
     """
-    from models.code_steps import code_line_ends
-    from models.measure import assemble_program
-    from models.process_reward import outcome_reward, overlong_penalty, prefix_scores, terminal_reward
-    from models.prompts import user_message
-    from models.sampling import SamplingConfig, build_chat_prompt, sample
 
     n = cfg.group_size if n is None else n
     with_phi = cfg.algo == "didpo" if with_phi is None else with_phi
@@ -259,14 +292,12 @@ def collect_rollouts(
 def group_controls(group: Sequence[Rollout]) -> list:
     """The ``group`` control of each rollout: the leave-one-out `mean_control` of the other rollouts' Φ curves
     (DIDPO.md, "Objects"). Needs ≥ 2 rollouts with Φ."""
-    from models.process_reward import mean_control
 
     return [mean_control([other.phi for k, other in enumerate(group) if k != i]) for i in range(len(group))]
 
 
 def reference_control(problem: dict, cfg: DiDPOConfig):
     """The ``reference`` control (version 1's, for the ablation): the reference solution's own Φ curve, L_x = M."""
-    from models.process_reward import mean_control, reference_curve
 
     return mean_control([reference_curve(_reference_lines(problem), problem, cfg.reward)])
 
@@ -282,7 +313,6 @@ def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: DiDPOConfig
     Raises:
         KeyError: ``start_policy`` and a problem outside `controls` (the pool).
     """
-    from models.process_reward import did_rewards
 
     for group in groups:
         if cfg.reward.control == "group":
@@ -335,8 +365,6 @@ class PromptPool:
         """task_id → `models.process_reward.Control` of the start policy, for the pool's problems."""
         import numpy as np
 
-        from models.process_reward import Control
-
         return {
             e["task_id"]: Control(
                 knots=np.asarray(e["knots"], dtype=np.float64),
@@ -387,8 +415,6 @@ def screen_prompt_pool(
         EmptyPoolError: no screened problem is informative (the message says what to change).
     """
     import numpy as np
-
-    from models.process_reward import mean_control
 
     order = np.random.default_rng(_generator_seed(cfg.seed, 3)).permutation(len(problems))
     count = cfg.screen_problems or len(problems)
@@ -460,8 +486,6 @@ def build_batch(rollouts: Sequence[Rollout], pad_token_id: int) -> dict[str, tor
         `merge_duplicates` sums them).
     """
     import torch
-
-    from models.sampling import collate_completions
 
     completions = [r.completion for r in rollouts]
     packed = collate_completions(completions, pad_token_id)
@@ -654,8 +678,6 @@ def token_reward_matrix(rollouts: Sequence[Rollout], width: int, w_did: float = 
     the last token, 0 elsewhere and on padding (`process_reward.token_rewards`)."""
     import torch
 
-    from models.process_reward import token_rewards
-
     out = torch.zeros((len(rollouts), width), dtype=torch.float32)
     for i, r in enumerate(rollouts):
         length = len(r.completion.completion_ids)
@@ -674,9 +696,6 @@ def didpo_token_advantages(
     `rollouts` holds whole groups of ``cfg.group_size`` in order, with their process rewards assigned."""
     import numpy as np
     import torch
-
-    from models.advantages import didpo_group_advantages, group_advantages
-    from models.process_reward import token_gaps
 
     w_did = cfg.reward.w_did
     if cfg.reward.shaping == "bonus":
@@ -715,7 +734,6 @@ def gae_advantages(
         sequence when `adaptive_lambda_alpha` > 0), whitened over the batch's real tokens when configured; returns
         (value targets) with λ_critic (`lam_critic`, else the same λ as the advantages), never whitened.
     """
-    from models.advantages import adaptive_lambda, gae, whiten
 
     lam_policy = cfg.lam if critic_trusted else 1.0
     if cfg.adaptive_lambda_alpha > 0 and critic_trusted:
@@ -744,8 +762,6 @@ def group_token_advantages(
 
     `rollouts` holds whole groups of ``cfg.group_size`` in order."""
     import torch
-
-    from models.advantages import group_advantages
 
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     per_sequence = group_advantages(rewards, cfg.group_size, cfg.group_eps, True)  # (B,)
@@ -808,8 +824,6 @@ def ppo_losses(
         rft: ``pg_loss`` (the NLL) and ``entropy``.
     """
     import torch
-
-    from models.rl_losses import entropy_from_logits, grpo_loss, kl_k3, masked_mean, value_loss
 
     weights = minibatch.get("weights")
     mask = minibatch["completion_mask"]
@@ -876,7 +890,6 @@ def _rft_loss(per_token_logps, logits, mask, scale, token_share: float = 1.0):
     """rft's loss: the token-level negative log-likelihood of the kept (passing) completions, as SFT (RAFT, Dong et
     al. 2023; ReST-style rejection-sampling fine-tuning), scaled like the token means of `ppo_losses`; `mask` is
     weighted by the rows' multiplicities."""
-    from models.rl_losses import entropy_from_logits, masked_mean
 
     token_w = scale[0] if scale is not None else 1.0
     loss = -token_w * masked_mean(per_token_logps, mask)
@@ -928,8 +941,6 @@ def ppo_update(
         ``grad_norm`` (mean pre-clip norm).
     """
     import torch
-
-    from models.distributed import clip_grad_norm
 
     n = batch["completion_ids"].shape[0]
     world = dp.world_size if dp is not None else 1
@@ -1101,9 +1112,6 @@ def update_policy(
     """
     import torch
 
-    from models.distributed import data_parallel
-    from models.rl_losses import kl_k3
-
     device = params[0].device
     dp = dp if dp is not None else data_parallel(str(device))
     metrics: dict[str, float] = {}
@@ -1179,8 +1187,6 @@ def _drift_metrics(batch, rollouts, old_rows, logps, kl_rows, ref_logps, engine_
     importance weights' mean and capped fraction, on `old_rows` (whose current-policy log-probs are `logps`;
     `kl_rows` ⊆ `old_rows`). Returns ``(metrics, is_weights (len(old_rows), T) or None)``."""
     import torch
-
-    from models.rl_losses import kl_k3, masked_mean
 
     mask = batch["completion_mask"]
     metrics: dict[str, float] = {}
@@ -1325,8 +1331,6 @@ def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: DiDPOCon
         ValueError: naming ``didpo.max_new_tokens`` (context), or ``didpo.prompts_per_step``, ``didpo.group_size``
             and ``didpo.max_new_tokens`` with the estimate (memory).
     """
-    from models.prompts import user_message
-    from models.sampling import build_chat_prompt
 
     prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
     longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
@@ -1471,10 +1475,6 @@ def _build_trainer(model, cfg: DiDPOConfig, device, dp) -> _Trainer:
     Raises ValueError when nothing is trainable."""
     import torch
 
-    from models.checkpoint import set_seed
-    from models.lora import apply_lora
-    from models.value_head import ValueHead
-
     set_seed(cfg.seed)
     start_copy = None
     if not cfg.lora:
@@ -1577,13 +1577,6 @@ def train_didpo(
     import torch
     from tqdm.auto import tqdm
 
-    from models.advantages import RunningMeanStd
-    from models.checkpoint import load_trainable_state_dict, weights_digest
-    from models.distributed import data_parallel
-    from models.policy import resolve_device
-    from models.sampling import pad_token_id
-    from models.training import DataOrder, autocast_factory, open_checkpoints, restore_loop_state
-
     if not problems:
         raise ValueError("no problems to train on")
     held_out = sorted({p["split"] for p in problems if p.get("split", "train") != "train"})
@@ -1672,8 +1665,6 @@ def _save_checkpoint(ckpt_root, step, t: _Trainer, order, generators, fingerprin
     """The exact-resume checkpoint after `step`: on every rank (sharded states are gathered), written by rank 0; the
     critic's weights beside the policy's; a previous run's rollouts set aside once this run's first checkpoint
     exists."""
-    from models.checkpoint import trainable_state_dict
-    from models.training import save_loop_state
 
     tensors = {"value_head": trainable_state_dict(t.value_head)} if t.value_head is not None else {}
     replaced_previous_run = bool(superseded)
@@ -1687,8 +1678,6 @@ def _export_result(t: _Trainer, value_head, tokenizer, cfg, out_dir, step, histo
                    pool_from_cache, dp) -> DiDPOResult:  # fmt: skip
     """Export the trained policy (rank 0: ``adapter/`` with LoRA, ``merged/``), gather a sharded critic, and return
     the run's `DiDPOResult` once every rank is there."""
-    from models.lora import count_parameters
-    from models.training import export
 
     model = t.model
     model.eval()
@@ -1718,7 +1707,6 @@ def keep_point(model, tokenizer, out_dir: Path, step: int, write: bool) -> Path:
     """Write the policy after `step` to ``out_dir/points/step_<step:04d>/`` (atomically): the LoRA adapter (peft's
     ``save_pretrained``; merge it onto the start checkpoint to evaluate) or, in full fine-tuning, the whole model,
     with the tokenizer. Only where `write` (rank 0). Returns the folder."""
-    from models.checkpoint import atomic_directory
 
     point = Path(out_dir) / "points" / f"step_{step:04d}"
     if write:
@@ -1730,8 +1718,6 @@ def keep_point(model, tokenizer, out_dir: Path, step: int, write: bool) -> Path:
 
 def _whole_value_head(value_head, hidden_size: int):
     """A plain CPU `ValueHead` with the trained (FSDP2-sharded) head's weights gathered into it (a collective)."""
-    from models.checkpoint import load_trainable_state_dict, trainable_state_dict
-    from models.value_head import ValueHead
 
     whole = ValueHead(hidden_size)
     load_trainable_state_dict(whole, trainable_state_dict(value_head))
@@ -1771,7 +1757,6 @@ def _normalise_and_clip(rewards, mask, normaliser, cfg: DiDPOConfig):
     the token reward (token rewards are mostly zeros). While the returns seen so far have no spread (std 0),
     rewards are left unscaled rather than multiplied by 1/sqrt(eps); `reward_clip` bounds what a small std does.
     """
-    from models.advantages import clip_rewards
 
     if normaliser is not None:
         normaliser.update((rewards * mask).sum(-1))
@@ -1786,7 +1771,6 @@ def sft_answer_p90_tokens(tokenizer, problems: Sequence[dict]) -> int:
     """The 90th percentile (nearest rank, rounded up) of the SFT answers' lengths in tokens: each problem's reference
     answer in the answer format SFT teaches (`models.sft.render_answer`), tokenized without special tokens, + 1
     for the eos that ends it."""
-    from models.sft import render_answer
 
     lengths = sorted(len(tokenizer(render_answer(p), add_special_tokens=False)["input_ids"]) + 1 for p in problems)
     return lengths[math.ceil(0.9 * len(lengths)) - 1]

@@ -44,6 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from models.checkpoint import full_tensor, load_trainable_state_dict, trainable_state_dict
+
 T = TypeVar("T")
 
 
@@ -137,7 +139,6 @@ class DataParallel:
         gathered into it (every process must call this: the gather is collective); None on other ranks then."""
         if not self.sharded:
             return module
-        from models.checkpoint import load_trainable_state_dict, trainable_state_dict
 
         weights = trainable_state_dict(module)
         if export_copy is None:
@@ -186,8 +187,6 @@ def clip_grad_norm(params, max_norm: float) -> float:
     """``torch.nn.utils.clip_grad_norm_`` over `params`, in one process, under DDP and under FSDP2 (whose sharded
     gradients give a replicated ``DTensor`` norm, read whole here); returns the norm before clipping."""
     import torch
-
-    from models.checkpoint import full_tensor
 
     return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
 

@@ -50,9 +50,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.checkpoint import checkpoint_hash
+from models.checkpoint import checkpoint_hash, load_trainable_state_dict, set_seed, trainable_state_dict
 from models.config import MAX_EPOCHS, DPOConfig
+from models.distributed import clip_grad_norm, data_parallel
+from models.lora import apply_lora, count_parameters
+from models.policy import load_policy, resolve_device
+from models.sampling import pad_token_id
 from models.sft import IGNORE_INDEX, build_sft_examples, collate
+from models.sft import _supports_logits_mask as supports
 from models.training import (
     DataOrder,
     EarlyStopping,
@@ -341,7 +346,6 @@ def load_reference(path: str | Path, expected_sha256: str, dtype: str = "auto", 
     Raises:
         ReferenceMismatchError: see `verify_reference` (nothing is loaded then).
     """
-    from models.policy import load_policy
 
     verify_reference(path, expected_sha256)
     return load_policy(path, dtype=dtype, device=device)
@@ -387,7 +391,6 @@ def collate_pairs(pairs: Sequence[dict], pad_token_id: int) -> dict[str, torch.T
 
 
 def _supports_logits_mask(model) -> bool:
-    from models.sft import _supports_logits_mask as supports
 
     return supports(model)
 
@@ -635,12 +638,6 @@ def train_dpo(
     """
     import torch
     from tqdm.auto import tqdm
-
-    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
-    from models.distributed import clip_grad_norm, data_parallel
-    from models.lora import apply_lora, count_parameters
-    from models.policy import resolve_device
-    from models.sampling import pad_token_id
 
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"

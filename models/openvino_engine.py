@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from models.lora import merged_weights
 from models.sampling import Completion, SamplingConfig, code_block_closed, extract_code
 
 EXPORT_ENV = Path(__file__).resolve().parents[1] / ".venv-export"
@@ -188,8 +189,6 @@ class OpenVINOSampler:
         import numpy as np
         import openvino as ov
         import openvino_genai
-
-        from models.lora import merged_weights
 
         if self._weights is None:
             xml = (self.ir_dir / "openvino_model.xml").read_text()

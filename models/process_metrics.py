@@ -29,7 +29,10 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from models.prompts import code_to_complete, reference_code
+from models.answer_format import check_format
+from models.prompts import code_to_complete, reference_code, user_message
+from models.sampling import build_chat_prompt, sample
+from models.sft import explanation_sentence
 
 ContinueFn = Callable[[Sequence[tuple[dict, str]], int, bool], list[list[str]]]
 CheckFn = Callable[[Sequence[tuple[dict, str]]], list[bool]]
@@ -418,7 +421,6 @@ class FormatRates:
 
 def format_rates(answers: Sequence[str]) -> FormatRates:
     """`FormatRates` of raw answers (decoded text). Raises ValueError for no answers."""
-    from models.answer_format import check_format
 
     if not answers:
         raise ValueError("format rates of zero answers")
@@ -439,9 +441,6 @@ def continuation_prompt(tokenizer, problem: dict, code_prefix: str) -> str:
     """The chat prompt (`models.sampling.build_chat_prompt` of `models.prompts.user_message`) followed by the
     assistant's answer start as SFT renders it (`models.sft.explanation_sentence`, a blank line, the opening
     python fence) up to `code_prefix`."""
-    from models.prompts import user_message
-    from models.sampling import build_chat_prompt
-    from models.sft import explanation_sentence
 
     chat = build_chat_prompt(tokenizer, user_message(problem))
     return f"{chat}{explanation_sentence(problem)}\n\n```python\n{code_prefix}"
@@ -457,7 +456,6 @@ def make_continuer(model, tokenizer, sampling) -> ContinueFn:
     once (measured: 4 of 4 samples on a val prefix; every continuation came back empty). So a prefix's final newline
     is left out of the prompt and taken off the sample again; a sample that instead goes on with the prefix's last
     line is returned as it is (then ``prefix + continuation`` has one newline more than the model wrote)."""
-    from models.sampling import sample
 
     def continue_fn(requests: Sequence[tuple[dict, str]], n: int, one_line: bool) -> list[list[str]]:
         cfg = replace(

@@ -40,8 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
 from models.config import SFTConfig
+from models.distributed import clip_grad_norm, data_parallel
+from models.lora import apply_lora, count_parameters, targeted_module_names
+from models.policy import resolve_device
 from models.prompts import fenced, reference_code, user_message
+from models.sampling import pad_token_id
 from models.training import (
     DataOrder,
     EarlyStopping,
@@ -380,12 +385,6 @@ def train_sft(
             with another config or other data.
     """
     from tqdm.auto import tqdm
-
-    from models.checkpoint import load_trainable_state_dict, set_seed, trainable_state_dict
-    from models.distributed import clip_grad_norm, data_parallel
-    from models.lora import apply_lora, count_parameters, targeted_module_names
-    from models.policy import resolve_device
-    from models.sampling import pad_token_id
 
     out_dir = Path(out_dir)
     ckpt_root = out_dir / "checkpoints"

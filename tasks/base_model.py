@@ -6,6 +6,8 @@ from pathlib import Path
 
 from prefect import task
 
+from models.base_model import convert_embedded
+from models.policy import load_policy
 from tasks.config import EMBEDDED_MODEL, BaseModelConfig
 from tasks.io import write_json
 
@@ -15,13 +17,9 @@ def materialise_base(cfg: BaseModelConfig, out_dir: Path, report_path: Path) -> 
     """Write the base checkpoint (weights + tokenizer with a chat template) to ``out_dir`` and facts about it (source,
     parameters) to `report_path`; returns the facts."""
     if cfg.name_or_path == EMBEDDED_MODEL:
-        from models.base_model import convert_embedded
-
         dtype = "float32" if cfg.dtype == "auto" else cfg.dtype
         facts = {"source": EMBEDDED_MODEL, **convert_embedded(out_dir, dtype=dtype)}
     else:
-        from models.policy import load_policy
-
         model, tokenizer = load_policy(cfg.name_or_path, dtype=cfg.dtype, device="cpu")
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir)

@@ -9,10 +9,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from models.config import DiDPOConfig
+from models.didpo import EmptyPoolError, check_budget_fits_answers, train_didpo
 from models.distributed import is_main_process
+from models.openvino_engine import OpenVINOSampler, export
+from models.policy import load_policy
 from models.training import resume_or_start_over
+from models.vllm_engine import VLLMSampler
 from tasks.config import InputError, Params
 from tasks.io import headline, read_problems, write_history, write_json
+from tasks.measure import resolve_engine
 from tasks.sandbox import make_verifier
 from tasks.tracking import mlflow_emit
 
@@ -55,17 +60,12 @@ def rollout_engine(cfg: DiDPOConfig, policy: Path, tokenizer):
     an `models.openvino_engine.OpenVINOSampler` (fp32, the checkpoint exported once) or a
     `models.vllm_engine.VLLMSampler`; None for the torch sampler, or when the engine cannot run here (said once,
     `tasks.measure.resolve_engine`)."""
-    from tasks.measure import resolve_engine
 
     if cfg.rollout_engine == "torch" or resolve_engine(cfg.rollout_engine, "f32", "didpo")[0] == "torch":
         return None
     if cfg.rollout_engine == "vllm":
-        from models.vllm_engine import VLLMSampler
-
         return VLLMSampler(policy, tokenizer, seed=cfg.seed)
     import torch
-
-    from models.openvino_engine import OpenVINOSampler, export
 
     ir = export(Path(policy), Path(".cache/openvino"))
     return OpenVINOSampler(ir, tokenizer, precision="f32", threads=torch.get_num_threads())
@@ -90,8 +90,6 @@ def run_didpo(
     leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
     copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
     """
-    from models.didpo import EmptyPoolError, check_budget_fits_answers, train_didpo
-    from models.policy import load_policy
 
     engines: list = []  # built once (a resumed attempt that starts over reuses it)
 

@@ -8,10 +8,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models.answer_format import check_format
 from models.config import DPOConfig
 from models.distributed import is_main_process
+from models.dpo import checkpoint_hash, load_reference, select_pairs, split_pairs, train_dpo
+from models.measure import sample_and_verify
+from models.policy import load_policy
+from models.sampling import SamplingConfig
 from models.training import resume_or_start_over
-from tasks.config import Params
+from tasks.config import InputError, Params
 from tasks.io import headline, read_pairs, read_problems, write_history, write_json
 from tasks.sandbox import make_verifier
 from tasks.tracking import mlflow_emit
@@ -27,8 +32,6 @@ def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[d
     Raises:
         tasks.config.InputError: no pair is left to train on (the message names the sources and their keys).
     """
-    from models.dpo import select_pairs, split_pairs
-    from tasks.config import InputError
 
     pairs = read_pairs(pairs_path)
     train, held_out = split_pairs(select_pairs(pairs, cfg.max_pairs, cfg.seed), cfg.held_out_frac)
@@ -48,7 +51,6 @@ def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:
     Returns:
         ``(sha256, origin)`` with origin "sft_metrics" or "computed" (recorded in the dpo metrics).
     """
-    from models.dpo import checkpoint_hash
 
     metrics = json.loads(Path(sft_metrics).read_text()) if Path(sft_metrics).is_file() else {}
     if metrics.get("merged_sha256"):
@@ -84,10 +86,6 @@ def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_t
     """The smoke check's half on one checkpoint (`smoke_check`, `SMOKE_NOTE`): one greedy answer per problem;
     ``format_compliance`` and ``unsafe_rate`` (fractions of answers, `models.answer_format.check_format`),
     ``greedy_pass`` (fraction whose code passes every test), ``n_problems``."""
-    from models.answer_format import check_format
-    from models.measure import sample_and_verify
-    from models.policy import load_policy
-    from models.sampling import SamplingConfig
 
     if not problems:
         return {"n_problems": 0}
@@ -121,7 +119,6 @@ def run_dpo(
     Raises:
         models.dpo.ReferenceMismatchError: `reference` is not the checkpoint with `expected_sha256`.
     """
-    from models.dpo import load_reference, train_dpo
 
     def attempt(resume: bool):
         model, tokenizer = load_reference(reference, expected_sha256, dtype=dtype)

@@ -43,8 +43,24 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models.checkpoint import checkpoint_hash
+from models.measure import assemble_program, sample_and_verify, summarise
+from models.policy import load_policy
+from models.process_metrics import (
+    decision_consistency,
+    error_recovery,
+    format_rates,
+    make_continuer,
+    trajectory_complexity,
+    valid_prefix_rate,
+)
+from models.prompts import reference_code
+from models.sampling import SamplingConfig, extract_code
+from models.significance import paired_test
 from tasks.config import CHECKPOINT_NAMES, KS, EvaluateConfig, Params
-from tasks.io import write_json, write_lines
+from tasks.io import read_problems, write_json, write_lines
+from tasks.measure import make_sampler, write_results
+from tasks.measure import resolve_engine as resolve
 from tasks.register import download_champion
 from tasks.sandbox import make_verifier
 
@@ -81,7 +97,6 @@ TABLE_COLUMNS = (
 def split_sampling(cfg: EvaluateConfig, split: str):
     """The `models.sampling.SamplingConfig` of `split`'s answers under protocol `cfg`: one greedy answer for a
     greedy split (`EvaluateConfig.greedy`), else ``n_samples`` at the protocol's temperature and top-p."""
-    from models.sampling import SamplingConfig
 
     if cfg.greedy(split):
         return SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
@@ -111,7 +126,6 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
     """The protocol's problems of every split from a validated problems file: val by `protocol_problems` after the
     first ``skip`` val problems, the held-out families' ``heldout_per_family`` each, test and HumanEval the first
     ``test_problems`` / ``humaneval_problems`` (a split the data lacks has no problems)."""
-    from tasks.io import read_problems
 
     return {
         "val": protocol_problems(read_problems(problems_path, "val"), skip, cfg.val_per_family),
@@ -123,7 +137,6 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
 
 def resolve_engine(cfg: EvaluateConfig) -> tuple[str, str]:
     """The engine this run uses, ``(name, precision)`` (`tasks.measure.resolve_engine` for the evaluate stage)."""
-    from tasks.measure import resolve_engine as resolve
 
     return resolve(cfg.engine, cfg.precision, "evaluate")
 
@@ -163,10 +176,6 @@ def _is_body(code: str) -> bool:
 def answer_metrics(problems: Sequence[dict], results) -> dict:
     """Format, safety, valid-prefix and complexity figures of the sampled answers of `results` (one
     `models.measure.ProblemResult` per problem, same order)."""
-    from models.measure import assemble_program
-    from models.process_metrics import format_rates, trajectory_complexity, valid_prefix_rate
-    from models.prompts import reference_code
-    from models.sampling import extract_code
 
     answers = [a for r in results for a in r.answers]
     rates = format_rates(answers)
@@ -193,7 +202,6 @@ def answer_metrics(problems: Sequence[dict], results) -> dict:
 def sandbox_checker(verifier):
     """A `models.process_metrics.CheckFn` over the sandbox: ``(problem, code)`` passes when
     `models.measure.assemble_program` of it passes every test."""
-    from models.measure import assemble_program
 
     def check(jobs):
         verdicts = verifier.check_many([(assemble_program(p, code), p["test"], p["entry_point"]) for p, code in jobs])
@@ -209,8 +217,6 @@ def evaluate_split(
     `models.measure.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
     ``split``: its name (`split_sampling`: a greedy split gets one answer per problem, pass@1 only and
     no process metrics)."""
-    from models.measure import sample_and_verify, summarise
-    from models.process_metrics import decision_consistency, error_recovery, make_continuer
 
     sampling, greedy = split_sampling(cfg, split), cfg.greedy(split)
     metrics: dict = {"n_problems": len(problems), "n_samples": sampling.n, "greedy": greedy}
@@ -253,8 +259,6 @@ def evaluate_checkpoint(
     ``samples_dir/<split>.jsonl``. ``engine``: `resolve_engine`'s choice (``openvino``: the checkpoint is exported
     to .cache/openvino once, by its weights' digest). Returns ``({split: metrics} plus "seconds" of wall-clock time
     and "export_seconds", {split: [pass@1 of each problem]})``, the second for the paired comparisons."""
-    from models.policy import load_policy
-    from tasks.measure import make_sampler, write_results
 
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
@@ -282,8 +286,6 @@ def evaluation_key(
     seeds, so two evaluations with one key compute the same figures. Raises FileNotFoundError for a missing checkpoint
     or code file."""
     from dataclasses import asdict
-
-    from models.checkpoint import checkpoint_hash
 
     digest = hashlib.sha256()
     settings = {
@@ -427,7 +429,6 @@ def pass1_deltas(
     "n_problems", "n_discordant", "cluster_p", "n_clusters"}}}`` (`models.significance.paired_test`, one-sided:
     "after is better"); a split with no problems is left out.
     """
-    from models.significance import paired_test
 
     names = list(per_problem)
     pairs = list(itertools.pairwise(names))
@@ -493,7 +494,6 @@ def rl_claim(
     Raises:
         ValueError: the score lists differ in length or are empty (`paired_test`).
     """
-    from models.significance import paired_test
 
     better = paired_test(start_scores, rl_scores, clusters=clusters, seed=protocol["seed"])
     worse = paired_test(rl_scores, start_scores, seed=protocol["seed"])

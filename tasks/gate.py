@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.significance import paired_test
 from tasks.config import GateConfig, Params
 from tasks.io import headline, read_problems, write_json
 from tasks.measure import greedy_results, load_checkpoint, make_sampler, measure_split, resolve_engine
@@ -30,7 +31,6 @@ def external_change(base: Sequence[float], trained: Sequence[float], seed: int =
     Raises:
         ValueError: no problems, or lists of different lengths.
     """
-    from models.significance import paired_test
 
     if not base or len(base) != len(trained):
         raise ValueError(f"need the same non-empty problems on both sides, got {len(base)} and {len(trained)}")

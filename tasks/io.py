@@ -10,6 +10,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.config import InputError
+
 
 def atomic_write_lines(path: str | Path, lines: Iterable[str]) -> None:
     """Write ``lines`` (no newlines inside) to ``path``, one per line, UTF-8, creating parent folders.
@@ -117,8 +119,6 @@ def read_problems(path: str | Path, split: str, limit: int = 0, *, required: boo
                 if limit and len(rows) == limit:
                     break
     if required and not rows:
-        from tasks.config import InputError
-
         raise InputError(
             f"{path} has no {split!r} problem: the split is filled by {SPLIT_SOURCES.get(split, 'prepare')}; rows the "
             "validate stage quarantined are in data/validated/report.md"

@@ -9,6 +9,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models.measure import sample_and_verify, summarise
+from models.policy import load_policy
+from models.sampling import SamplingConfig
 from tasks.config import BaselineConfig, GateConfig
 from tasks.io import atomic_write_lines
 
@@ -28,6 +31,7 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
 
     if engine == "torch":
         return "torch", "f32"
+    # the engines stay function-local: optional dependencies (vLLM on GPU machines, the OpenVINO export environment)
     if engine == "vllm":
         from models.vllm_engine import engine_available
     else:
@@ -43,7 +47,6 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
 def load_checkpoint(checkpoint: Path, dtype: str):
     """``(model, tokenizer)`` of a checkpoint folder in eval mode, for the stages that sample from it
     (`models.policy.load_policy`; ``dtype`` is params.yaml's ``base_model.dtype``)."""
-    from models.policy import load_policy
 
     return load_policy(checkpoint, dtype=dtype)
 
@@ -81,8 +84,6 @@ def measure_split(
     """pass@1/pass@k from ``cfg.n_samples`` answers per problem at the configured temperature, and (``greedy``) the
     greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``.
     ``sampler``: the engine (`make_sampler`), None for the torch sampler."""
-    from models.measure import sample_and_verify, summarise
-    from models.sampling import SamplingConfig
 
     sampled = SamplingConfig(
         n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
@@ -105,8 +106,6 @@ def measure_split(
 def greedy_results(model, tokenizer, problems, max_new_tokens: int, seed: int, verifier, out: Path, sampler=None):
     """One greedy answer per problem (temperature 0, at most `max_new_tokens` tokens), verified; the per-problem
     `models.measure.ProblemResult` list, also written to `out` (JSONL)."""
-    from models.measure import sample_and_verify
-    from models.sampling import SamplingConfig
 
     one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
     results = sample_and_verify(model, tokenizer, problems, one, verifier, sampler=sampler) if problems else []

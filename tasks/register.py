@@ -43,8 +43,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models.policy import load_policy
+from models.significance import paired_test, sign_flip_pvalue
 from tasks.config import EMBEDDED_MODEL, Params, RegisterConfig
 from tasks.io import headline, write_json
+from tasks.tracking import metric_name
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -108,7 +111,6 @@ def promotion_decision(candidate: Evidence, incumbent: Evidence, cfg: RegisterCo
         ProtocolMismatch: the two were measured under different protocols or on different problems.
         ValueError: the primary split has no problems, or a secondary metric is missing from the candidate.
     """
-    from models.significance import paired_test, sign_flip_pvalue
 
     if candidate.protocol != incumbent.protocol:
         raise ProtocolMismatch(
@@ -212,7 +214,6 @@ def version_tags(candidate: Evidence, decision: Decision, cfg: RegisterConfig, a
     metrics): ``<value to 4 places> (<n> problems)``, or ``not reported: <n> problems (fewer than 8)`` for a split
     too small to report (`NI_MIN_PROBLEMS`, the evaluate stage's floor too); the protocol id and the reasons (up to
     4,900 characters)."""
-    from tasks.tracking import metric_name
 
     tags = {"didpo.checkpoint": candidate.name}
     if candidate.name == "didpo" and algo:
@@ -404,8 +405,6 @@ def register_and_decide(
         ProtocolMismatch, ValueError: as `promotion_decision` (nothing is registered then).
     """
     import mlflow
-
-    from models.policy import load_policy
 
     client = mlflow.MlflowClient()
     decision = promotion_decision(candidate, incumbent, cfg)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from sandbox.verifier import Verifier, VerifierConfig
 from tasks.config import VerifierSection
 
 
 def make_verifier(cfg: VerifierSection):
     """A :class:`sandbox.verifier.Verifier` configured from params.yaml's ``verifier`` section (a context manager)."""
     import os
-
-    from sandbox.verifier import Verifier, VerifierConfig
 
     return Verifier(
         VerifierConfig(

@@ -10,6 +10,8 @@ from prefect.cache_policies import NO_CACHE
 from models.checkpoint import checkpoint_hash
 from models.config import SFTConfig
 from models.distributed import is_main_process
+from models.policy import load_policy
+from models.sft import train_sft
 from models.training import resume_or_start_over
 from tasks.config import Params
 from tasks.io import headline, read_problems, write_history, write_json
@@ -25,8 +27,6 @@ def run_sft(base: Path, dtype: str, train: list[dict], held_out: list[dict], cfg
     A leftover resume checkpoint written with another config or other data is discarded (that is a new run,
     not a resumed one); a checkpoint of this very run is resumed.
     """
-    from models.policy import load_policy
-    from models.sft import train_sft
 
     def attempt(resume: bool):
         model, tokenizer = load_policy(base, dtype=dtype)

@@ -153,7 +153,7 @@ RUN_ID_FILE = "mlflow_run_id"
 def _resumable_run(resume_dir: Path | None) -> str | None:
     """The MLflow run id an interrupted attempt left in `resume_dir` when training will resume there (a checkpoint
     exists) and the run is in this tracking store; else None."""
-    from models.checkpoint import latest_checkpoint
+    from models.checkpoint import latest_checkpoint  # torch: local, as every CLI command imports this module
 
     if resume_dir is None or latest_checkpoint(resume_dir) is None or not (resume_dir / RUN_ID_FILE).is_file():
         return None

@@ -58,6 +58,7 @@ from prefect.cache_policies import NO_CACHE
 
 from datalib.generate import normalise_text as normalise_prompt  # the leakage key, one definition
 from datalib.jsonl import PARSE_CHECKS, JsonlLine, iter_jsonl
+from datalib.pii import pseudonym, scrub_text
 from datalib.schema import EVENT_FIELDS, PAIR_FIELDS, PROBLEM_FIELDS
 from tasks.config import ValidateConfig
 from tasks.io import atomic_write_lines, write_json
@@ -428,7 +429,6 @@ class _Writer:
         out = {k: v for k, v in obj.items() if self.keep is None or k in self.keep}
         if self.redact is None:
             return out
-        from datalib.pii import pseudonym
 
         for k, v in out.items():
             if k in self.ids and isinstance(v, str):
@@ -790,7 +790,6 @@ def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine
 @task(cache_policy=NO_CACHE)
 def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Feedback-log contract; PII and secrets are scrubbed from everything written (valid rows and quarantine)."""
-    from datalib.pii import scrub_text
 
     return validate_feedback_logs(
         source,
@@ -805,7 +804,6 @@ def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_q
 @task(cache_policy=NO_CACHE)
 def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Human preference-pair contract (chosen ≠ rejected, non-empty); PII and secrets scrubbed as for the logs."""
-    from datalib.pii import scrub_text
 
     return validate_pairs(
         source,

@@ -252,7 +252,7 @@ def test_real_continuer_heals_the_prefix_newline(monkeypatch):
     block)."""
     from types import SimpleNamespace
 
-    import models.sampling
+    import models.process_metrics
     from models.process_metrics import make_continuer
     from models.sampling import SamplingConfig
 
@@ -263,7 +263,7 @@ def test_real_continuer_heals_the_prefix_newline(monkeypatch):
         texts = ["\n    y = x + 1\n    return y\n```", "    # same line\n"]
         return [[SimpleNamespace(text=t) for t in texts] for _ in prompts]
 
-    monkeypatch.setattr(models.sampling, "sample", fake_sample)
+    monkeypatch.setattr(models.process_metrics, "sample", fake_sample)
     monkeypatch.setattr("models.process_metrics.continuation_prompt", lambda tok, p, prefix: "PROMPT:" + prefix)
     fn = make_continuer(None, None, SamplingConfig(n=1))
     out = fn([({}, "def f(x):\n"), ({}, "def f(x):")], 2, True)

@@ -357,7 +357,7 @@ def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeyp
             for _ in prompts
         ]
 
-    monkeypatch.setattr(models.sampling, "sample", scripted)
+    monkeypatch.setattr(models.didpo, "sample", scripted)
     reward = ProcessRewardConfig(w_format=0.5, w_partial=0.4, control="reference")
     cfg = DiDPOConfig(**dict(BASE, algo="didpo", reward=reward))
     (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], cfg, verifier, seed=1234)
