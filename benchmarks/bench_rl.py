@@ -1,4 +1,4 @@
-"""RL iteration throughput (rollouts + verification + update) of our loop (`models.didpo.train_didpo`, algo ``grpo``)
+"""RL iteration throughput (rollouts + verification + update) of our loop (`models.rl.train_rl`, algo ``grpo``)
 against TRL's ``GRPOTrainer`` (trl 1.16.0).
 
 Same work on both sides, one process, CPU, float32:
@@ -29,7 +29,7 @@ RESULT):
    grpo_trainer.py) also hands its inputs to ours. Our advantages from the same rewards of TRL's completions
    (`models.advantages.group_advantages`) must equal TRL's (``_generate_and_score_completions``) within
    `CHECK_ADV_ATOL`. Then, on TRL's model and the same completions and advantages, TRL's loss and our surrogate
-   (`models.didpo.policy_forward` + `models.didpo.ppo_losses`; old log-probs = the current ones detached, ratio 1, as
+   (`models.rl.policy_forward` + `models.rl.ppo_losses`; old log-probs = the current ones detached, ratio 1, as
    TRL's ``old_per_token_logps = per_token_logps.detach()`` when ``num_iterations`` is 1) must agree within
    `CHECK_LOSS_ATOL`, and their gradients w.r.t. the adapters within `CHECK_GRAD_RTOL` (relative L2). At ratio 1
    the per-sequence loss is −mean(advantages) = 0 up to rounding on both sides, so the gradient is the figure that
@@ -89,9 +89,9 @@ def even_id_fraction(ids: list[int]) -> float:
 
 
 def rl_config(args):
-    from models.didpo import DiDPOConfig
+    from models.rl import RLConfig
 
-    return DiDPOConfig(
+    return RLConfig(
         algo="grpo",
         steps=args.warmup + args.steps,
         prompts_per_step=args.prompts,
@@ -188,7 +188,7 @@ def full_budget_rollouts() -> None:
 
 
 def run_ours(problems, verifier, args) -> Run:
-    from models.didpo import train_didpo
+    from models.rl import train_rl
 
     full_budget_rollouts()
 
@@ -204,7 +204,7 @@ def run_ours(problems, verifier, args) -> Run:
 
     model, tokenizer = build_model()
     with tempfile.TemporaryDirectory() as out:
-        result = train_didpo(model, tokenizer, problems, cfg, verifier, Path(out), emit=emit)
+        result = train_rl(model, tokenizer, problems, cfg, verifier, Path(out), emit=emit)
     assert result.global_step == cfg.steps
     elapsed = marks[cfg.steps] - marks[args.warmup]
     return Run(args.steps * args.prompts * args.group_size / elapsed, completions, tokens, result.trainable_params)
@@ -283,14 +283,14 @@ def varied_lengths(completion_mask):
 
 
 def our_loss(model, inputs, advantages, args):
-    """Our surrogate (`models.didpo.policy_forward` + `models.didpo.ppo_losses`) on TRL's batch `inputs` and `model`, at
+    """Our surrogate (`models.rl.policy_forward` + `models.rl.ppo_losses`) on TRL's batch `inputs` and `model`, at
     ratio 1; returns the loss with its graph."""
     import torch
 
-    from models.didpo import policy_forward, ppo_losses
+    from models.rl import policy_forward, ppo_losses
 
     mask = inputs["completion_mask"].float()  # (B, T)
-    batch = {  # `models.didpo.build_batch`'s layout: prompts left-padded, completions right-padded
+    batch = {  # `models.rl.build_batch`'s layout: prompts left-padded, completions right-padded
         "input_ids": torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
         "attention_mask": torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
         "completion_ids": inputs["completion_ids"],
@@ -298,7 +298,7 @@ def our_loss(model, inputs, advantages, args):
     }
     per_token_logps, logits, _ = policy_forward(model, batch, temperature=1.0)
     batch["old_per_token_logps"] = per_token_logps.detach()  # the policy that sampled is the one scored: ratio 1
-    batch["advantages"] = advantages.unsqueeze(-1) * mask  # as `models.didpo.group_token_advantages`
+    batch["advantages"] = advantages.unsqueeze(-1) * mask  # as `models.rl.group_token_advantages`
     loss, _ = ppo_losses(per_token_logps, logits, None, batch, rl_config(args))
     return loss
 

@@ -1,7 +1,7 @@
 """RL step time with rollouts from OpenVINO (``didpo.rollout_engine: openvino``) against the torch sampler, on the
 embedded model (issue 16 item 3).
 
-Both sides run the same loop (`models.didpo.train_didpo`: grpo, the stage's batch of 2 prompts × 8 answers, its
+Both sides run the same loop (`models.rl.train_rl`: grpo, the stage's batch of 2 prompts × 8 answers, its
 384-token budget, the update on the trainer), from the same checkpoint (``--model``, default data/checkpoints/base),
 on the same train problems, threads and precision (fp32); only the rollout engine differs. The engines draw
 different random samples, so the check that both compute the same thing is the greedy one: after
@@ -35,12 +35,12 @@ def main() -> None:
 
     import torch
 
-    from models.config import DiDPOConfig, ProcessRewardConfig
-    from models.didpo import train_didpo
+    from models.config import ProcessRewardConfig, RLConfig
     from models.lora import apply_lora
     from models.openvino_engine import OpenVINOSampler, engine_available, export
     from models.policy import configure_threads, load_policy
     from models.prompts import user_message
+    from models.rl import train_rl
     from models.sampling import SamplingConfig, build_chat_prompt, sample
     from sandbox.verifier import Verifier, VerifierConfig
     from tasks.io import read_problems
@@ -70,7 +70,7 @@ def main() -> None:
     print(f"check: greedy answers after load_weights equal the torch sampler's on {same}/{len(prompts)} problems")
     del model, policy, engine
 
-    cfg = DiDPOConfig(
+    cfg = RLConfig(
         algo="grpo",
         steps=args.steps,
         screen_samples=0,
@@ -84,7 +84,7 @@ def main() -> None:
             for name in ("torch", "openvino"):
                 model, tok = load_policy(args.model, dtype="float32", device="cpu")
                 engine = OpenVINOSampler(ir, tok, precision="f32", threads=threads) if name == "openvino" else None
-                result = train_didpo(
+                result = train_rl(
                     model, tok, problems, cfg, verifier, Path(tmp) / f"{name}{r}", resume=False, engine=engine
                 )
                 timed = result.history[1:]

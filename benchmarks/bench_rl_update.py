@@ -8,7 +8,7 @@ step's sampling): the no-gradient passes, the advantages and the PPO/NLL minibat
   driven by the update block of its ``train_didpo`` (`previous_update`, copied from that commit): every row its own
   prompt + completion sequence, the current policy's and the start policy's forward on every row (rft included),
   every row in the minibatches, float32 (its ``mixed_precision: auto`` left CPUs in float32);
-- **current**: `models.didpo.update_policy`, what ``train_didpo`` runs: each prompt once per forward (its cache
+- **current**: `models.rl.update_policy`, what ``train_rl`` runs: each prompt once per forward (its cache
   shared by the answers), identical rows merged with their multiplicity, zero-advantage rows out of the forward, rft
   without the old-log-prob pass, the start policy on ``kl_start_rows`` rows, bf16 autocast where the CPU runs bf16
   natively (``mixed_precision: auto``).
@@ -101,12 +101,12 @@ def previous_update(old, model, rollouts, cfg, step, optimizer, params, generato
 
 
 def load_rollouts(tokenizer, cfg, step: int):
-    """The committed default run's rollouts of `step` as `models.didpo.Rollout`s in group order (rft: the passing
+    """The committed default run's rollouts of `step` as `models.rl.Rollout`s in group order (rft: the passing
     answers of groups with one, as its loop trains)."""
     from datalib.exercises import exercise_problems
     from datalib.generate import generate_problems
-    from models.didpo import Rollout
     from models.prompts import user_message
+    from models.rl import Rollout
     from models.sampling import Completion, build_chat_prompt, extract_code
 
     rows = [json.loads(line) for line in ROLLOUTS.read_text().splitlines()]
@@ -176,9 +176,9 @@ def main() -> None:
     import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import models.didpo as current
+    import models.rl as current
     from models.base_model import convert_embedded
-    from models.config import DiDPOConfig, ProcessRewardConfig
+    from models.config import ProcessRewardConfig, RLConfig
     from models.lora import apply_lora
     from models.sampling import pad_token_id
     from models.training import autocast_factory
@@ -187,7 +187,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     section = yaml.safe_load((ROOT / "params.yaml").read_text())["didpo"]
     reward = ProcessRewardConfig(**section.pop("reward"))
-    cfg = DiDPOConfig(**{**section, "reward": reward, "target_kl": 0.0, **({"algo": args.algo} if args.algo else {})})
+    cfg = RLConfig(**{**section, "reward": reward, "target_kl": 0.0, **({"algo": args.algo} if args.algo else {})})
     if not (MODEL_DIR / "model.safetensors").exists():
         convert_embedded(MODEL_DIR)
     tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
@@ -313,9 +313,9 @@ def stage_figures(model, tokenizer, rollouts, peak: dict, bf16) -> None:
     same prompt) with `models.dpo.sigmoid_loss`. Prints FLOPs, time (best of 3) and the share of the peak."""
     import contextlib
 
-    from models.didpo import _adapters_disabled
     from models.dpo import build_pair_examples, collate_pairs, sequence_logps, sigmoid_loss
     from models.prompts import user_message
+    from models.rl import _adapters_disabled
     from models.sft import answer_nll, build_sft_examples, collate
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

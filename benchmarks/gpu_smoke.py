@@ -85,9 +85,9 @@ def main() -> None:
 
     import torch
 
-    from models.didpo import DiDPOConfig, train_didpo
     from models.dpo import DPOConfig, train_dpo
     from models.policy import configure_threads, resolve_device
+    from models.rl import RLConfig, train_rl
     from models.sft import SFTConfig, train_sft
     from models.vllm_engine import VLLMSampler, engine_available
     from sandbox.verifier import Verifier, VerifierConfig
@@ -149,7 +149,7 @@ def main() -> None:
             model, tok = load(model_path)
             from models.config import ProcessRewardConfig
 
-            cfg = DiDPOConfig(
+            cfg = RLConfig(
                 algo="didpo",
                 steps=args.steps,
                 prompts_per_step=2,
@@ -172,7 +172,7 @@ def main() -> None:
                 tok.save_pretrained(folder)
                 engine = VLLMSampler(folder, tok, dtype="bfloat16", gpu_memory_utilization=0.3)
             with Verifier(VerifierConfig(workers=2, timeout_s=5.0, cpu_s=5)) as verifier:
-                train_didpo(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False, engine=engine)
+                train_rl(model, tok, problems, cfg, verifier, out / "rl", clock, resume=False, engine=engine)
 
         clocks: dict[str, StepClock] = {}
         sft_s, dpo_s, rl_s = stage("sft", sft, clocks), stage("dpo", dpo, clocks), stage("rl", rl, clocks)

@@ -10,7 +10,7 @@ coloured by the credit the update gives it:
 - ``rft``: 1 on the passing answers it trains on, nothing on the others.
 
 The page is one file, with the data embedded as JSON and a short inline script that draws it: no network request,
-so it opens from disk or an artifact store. Read from the rollouts JSONL the stage writes (`models.didpo._RolloutLog`:
+so it opens from disk or an artifact store. Read from the rollouts JSONL the stage writes (`models.rl._RolloutLog`:
 one line per answer with ``step``, ``task_id``, ``sample``, ``completion``, ``passed``, ``total``, ``reason``,
 ``reward``, ``gap``, ``shaped``, ``trained``).
 """

@@ -8,7 +8,7 @@ pydantic's, at load). The defaults are params.yaml's values (tests/test_config.p
 config built in Python with a few fields set trains as the pipeline does.
 
 Consumers: ``SFTConfig`` → `models.sft.train_sft`; ``DPOConfig`` → `models.dpo.train_dpo` and `tasks.dpo`;
-``DiDPOConfig`` and ``ProcessRewardConfig`` → `models.didpo.train_didpo` and `models.process_reward`;
+``RLConfig`` and ``ProcessRewardConfig`` → `models.rl.train_rl` and `models.process_reward`;
 ``SelfplayConfig`` → `tasks.selfplay`.
 """
 
@@ -346,7 +346,7 @@ class ProcessRewardConfig:
 
 
 @dataclass(frozen=True)
-class DiDPOConfig:
+class RLConfig:
     """The ``didpo`` section of params.yaml (the stage is ``didpo`` whatever the algorithm).
 
     Attributes:

@@ -1,6 +1,6 @@
 """The training toolkit the SFT, DPO and RL loops share: plain functions and two small state holders, no Trainer.
 
-Each loop (`models.sft.train_sft`, `models.dpo.train_dpo`, `models.didpo.train_didpo`) keeps its step body inline and
+Each loop (`models.sft.train_sft`, `models.dpo.train_dpo`, `models.rl.train_rl`) keeps its step body inline and
 reads top to bottom, as cleanrl's single-file loops do; what they have in common lives here, once:
 
 - `autocast_factory`: bf16 autocast where the hardware runs it natively (or as configured);

@@ -9,8 +9,8 @@ them to steps of ~1 %.
 Initialisation is zero (w = 0, b = 0): the first values are 0, so the first GAE advantages are the plain
 reward-to-go (no random baseline noise), and the head learns from its first value-loss step.
 
-This module imports torch at import time (it defines an ``nn.Module``); `models.didpo` imports it inside its
-functions only, so importing `models.didpo` stays light.
+This module imports torch at import time (it defines an ``nn.Module``); `models.rl` imports it inside its
+functions only, so importing `models.rl` stays light.
 """
 
 from __future__ import annotations

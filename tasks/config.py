@@ -22,7 +22,7 @@ from typing import Any, get_type_hints
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from models.config import DiDPOConfig, DPOConfig, SelfplayConfig, SFTConfig
+from models.config import DPOConfig, RLConfig, SelfplayConfig, SFTConfig
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 ENGINES = ("openvino", "torch", "vllm")
@@ -511,7 +511,7 @@ class Params:
     gate: GateConfig = GateConfig()
     selfplay: SelfplayConfig = SelfplayConfig()
     dpo: DPOConfig = DPOConfig()
-    didpo: DiDPOConfig = DiDPOConfig()
+    didpo: RLConfig = RLConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     register: RegisterConfig = RegisterConfig()
     tracking: TrackingConfig = TrackingConfig()

@@ -1,4 +1,4 @@
-"""The ``didpo`` stage's work: load the DPO checkpoint, run RL (models.didpo), summarise; MLflow receives every step."""
+"""The ``didpo`` stage's work: load the DPO checkpoint, run RL (models.rl), summarise; MLflow receives every step."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from models.config import DiDPOConfig
-from models.didpo import EmptyPoolError, check_budget_fits_answers, train_didpo
+from models.config import RLConfig
 from models.distributed import is_main_process
 from models.openvino_engine import OpenVINOSampler, export
 from models.policy import load_policy
+from models.rl import EmptyPoolError, check_budget_fits_answers, train_rl
 from models.training import resume_or_start_over
 from models.vllm_engine import VLLMSampler
 from tasks.config import InputError, Params
@@ -24,7 +24,7 @@ from tasks.tracking import mlflow_emit
 # the DVC metric (tasks.io.headline): the last step's rollout pass rate and KL to the start policy
 HEADLINE = {"algo": "algo", "step": "global_step", "pass_rate": "pass_rate/last", "kl_start": "kl_start/last"}
 
-# Screens of the start policy by their key (`models.didpo.pool_cache_key`): RL arms from the same start weights and
+# Screens of the start policy by their key (`models.rl.pool_cache_key`): RL arms from the same start weights and
 # problems (an ablation, a budget curve) screen once.
 POOL_CACHE = Path(".cache/rl_pool")
 
@@ -55,7 +55,7 @@ def summarise_history(history: list[dict], algo: str, global_step: int) -> dict:
     return out
 
 
-def rollout_engine(cfg: DiDPOConfig, policy: Path, tokenizer):
+def rollout_engine(cfg: RLConfig, policy: Path, tokenizer):
     """The engine RL samples its rollouts with (``didpo.rollout_engine``), started from the `policy` checkpoint:
     an `models.openvino_engine.OpenVINOSampler` (fp32, the checkpoint exported once) or a
     `models.vllm_engine.VLLMSampler`; None for the torch sampler, or when the engine cannot run here (said once,
@@ -73,14 +73,14 @@ def rollout_engine(cfg: DiDPOConfig, policy: Path, tokenizer):
 
 @task(cache_policy=NO_CACHE)
 def run_didpo(
-    policy: Path, dtype: str, problems: list[dict], cfg: DiDPOConfig, verifier, out: Path, rollouts: Path, pool: Path
+    policy: Path, dtype: str, problems: list[dict], cfg: RLConfig, verifier, out: Path, rollouts: Path, pool: Path
 ) -> tuple[dict, list[dict]]:
     """Train and export; returns ``(metrics, history)`` where history holds every emitted record (for plots).
 
     ``didpo.rollout_engine`` openvino or vllm samples the rollouts with that engine (`rollout_engine`), its weights
     synced from the policy before every step. Refuses a token budget below the SFT answers' p90 length on these problems
-    before anything runs (`models.didpo.check_budget_fits_answers`). The screened prompt pool
-    (`models.didpo.screen_prompt_pool`) is copied to `pool` (a DVC out); its summary (screened, pool_size, pass
+    before anything runs (`models.rl.check_budget_fits_answers`). The screened prompt pool
+    (`models.rl.screen_prompt_pool`) is copied to `pool` (a DVC out); its summary (screened, pool_size, pass
     rates) joins the metrics.
 
     An empty pool (no screened problem is informative) raises `tasks.config.InputError` with the screen's message.
@@ -99,7 +99,7 @@ def run_didpo(
         if not engines:
             engines.append(rollout_engine(cfg, policy, tokenizer))
         engine = engines[0]
-        return train_didpo(
+        return train_rl(
             model, tokenizer, problems, cfg, verifier, out, mlflow_emit, resume, engine=engine, pool_cache=POOL_CACHE
         )
 

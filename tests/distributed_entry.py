@@ -220,7 +220,7 @@ def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:
     from transformers import AutoModelForCausalLM
 
     from models.config import ProcessRewardConfig
-    from models.didpo import DiDPOConfig, train_didpo
+    from models.rl import RLConfig, train_rl
 
     # A random tiny model never passes a test in the real sandbox, and writes no complete line (no process reward
     # either): all rewards would be 0 and nothing would move. The stand-in verifier gives programs partial credit
@@ -228,9 +228,9 @@ def train_both_rl(model_dir, tokenizer, problems, out_dir, batch, save) -> None:
     verifier = TextVerifier()
     for algo in ("grpo", "didpo"):
         reward = ProcessRewardConfig(w_partial=0.5, control="group")  # V1 alone would be 0 everywhere here
-        cfg = DiDPOConfig(**RL_BASE, algo=algo, minibatch_size=batch, critic=algo == "didpo", reward=reward)
+        cfg = RLConfig(**RL_BASE, algo=algo, minibatch_size=batch, critic=algo == "didpo", reward=reward)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        result = train_didpo(model, tokenizer, problems, cfg, verifier, out_dir / algo, resume=False)
+        result = train_rl(model, tokenizer, problems, cfg, verifier, out_dir / algo, resume=False)
         tensors = load_file(result.adapter_path / "adapter_model.safetensors")
         if result.value_head is not None:
             tensors.update({f"value_head.{k}": v for k, v in result.value_head.state_dict().items()})

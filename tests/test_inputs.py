@@ -200,17 +200,17 @@ def test_an_empty_split_names_what_fills_it(tmp_path):
 
 
 def test_an_empty_prompt_pool_is_an_input_error_with_the_screens_message(tmp_path, monkeypatch):
-    """models.didpo's screen raises ValueError for an empty pool (its message names didpo.screen_problems); the RL
+    """models.rl's screen raises ValueError for an empty pool (its message names didpo.screen_problems); the RL
     stage's task turns exactly that one into an InputError (one line, no traceback) and lets others through."""
     import tasks.didpo
-    from models.config import DiDPOConfig
-    from models.didpo import screen_prompt_pool
+    from models.config import RLConfig
+    from models.rl import screen_prompt_pool
 
     def empty_screen(attempt):
-        return screen_prompt_pool(None, None, [], DiDPOConfig(), None)  # no problem screened: none informative
+        return screen_prompt_pool(None, None, [], RLConfig(), None)  # no problem screened: none informative
 
     monkeypatch.setattr(tasks.didpo, "resume_or_start_over", empty_screen)
-    args = (tmp_path, "float32", [], DiDPOConfig(), None, tmp_path / "out", tmp_path / "r.jsonl", tmp_path / "p.json")
+    args = (tmp_path, "float32", [], RLConfig(), None, tmp_path / "out", tmp_path / "r.jsonl", tmp_path / "p.json")
     with pytest.raises(InputError) as info:
         tasks.didpo.run_didpo.fn(*args)
     assert str(info.value).startswith("the RL prompt pool is empty: no informative problem: each of the 0 screened")

@@ -112,18 +112,18 @@ def test_rl_samples_from_the_openvino_engine(tmp_path):
     """Two RL steps with the engine: the policy's weights go into it before each step, the old log-probs are the
     trainer's, and with the engine's log-probs unknown (NaN) every importance weight is 1."""
     from models.config import ProcessRewardConfig
-    from models.didpo import DiDPOConfig, train_didpo
+    from models.rl import RLConfig, train_rl
     from tests.test_rl_loop import PROBLEMS, IndexVerifier
 
     model, tokenizer, ir = _exported_tiny(tmp_path)
     sampler = engine.OpenVINOSampler(ir, tokenizer, threads=1)
     reward = ProcessRewardConfig(control="group", overlong_max=0, overlong_cache=0)
-    cfg = DiDPOConfig(
+    cfg = RLConfig(
         algo="grpo", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=12, lora_r=4, lora_alpha=8.0,
         minibatch_size=4, device="cpu", checkpoint_every=0, target_kl=0.0, screen_samples=0, reward=reward,
         rollout_engine="openvino", learning_rate=1e-3,
     )  # fmt: skip
-    result = train_didpo(model, tokenizer, PROBLEMS, cfg, IndexVerifier(), tmp_path / "rl", engine=sampler)
+    result = train_rl(model, tokenizer, PROBLEMS, cfg, IndexVerifier(), tmp_path / "rl", engine=sampler)
     for record in result.history:
         assert record["didpo/is_weight_mean"] == 1.0 and record["didpo/is_capped_frac"] == 0.0
         assert record["didpo/time/weight_sync_s"] > 0 and "didpo/logprob_diff" not in record

@@ -1,4 +1,4 @@
-"""The RL loop (models/didpo.py): forward/sampler agreement, the PPO step's direction, loss aggregation per algorithm,
+"""The RL loop (models/rl.py): forward/sampler agreement, the PPO step's direction, loss aggregation per algorithm,
 didpo's advantages, rollout scoring through the real sandbox, exact resume, and one loop for didpo/grpo/dapo.
 
 All on the tiny random Llama of `models.policy.build_tiny_causal_lm` (CPU, seconds).
@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-import models.didpo
+import models.rl
 import models.sampling
 from models.checkpoint import CheckpointMismatchError, latest_checkpoint, list_checkpoints, load_checkpoint
 from models.config import ProcessRewardConfig
-from models.didpo import (
-    DiDPOConfig,
+from models.policy import build_tiny_causal_lm
+from models.process_reward import did_rewards, prefix_scores
+from models.prompts import reference_code, user_message
+from models.rl import (
+    RLConfig,
     Rollout,
     assign_process_rewards,
     available_memory,
@@ -36,11 +39,8 @@ from models.didpo import (
     sampling_seed,
     select_rows,
     token_reward_matrix,
-    train_didpo,
+    train_rl,
 )
-from models.policy import build_tiny_causal_lm
-from models.process_reward import did_rewards, prefix_scores
-from models.prompts import reference_code, user_message
 from models.sampling import Completion, SamplingConfig, build_chat_prompt, sample
 from models.value_head import ValueHead
 from sandbox.verifier import Verifier, VerifierConfig
@@ -192,7 +192,7 @@ def test_ppo_update_moves_the_log_prob_of_a_token_with_the_sign_of_its_advantage
     batch["advantages"] = advantages
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    cfg = DiDPOConfig(**dict(BASE, algo="dapo", minibatch_size=1))
+    cfg = RLConfig(**dict(BASE, algo="dapo", minibatch_size=1))
     with torch.no_grad():
         before = policy_forward(model, batch)[0][0, t].item()
     stats = ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))
@@ -214,7 +214,7 @@ def test_target_kl_stops_the_updates_of_the_step():
     batch["advantages"] = torch.tensor([[1.0], [-1.0]]) * batch["completion_mask"]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
-    cfg = DiDPOConfig(**dict(BASE, algo="dapo", minibatch_size=1, ppo_epochs=3, target_kl=1e-9))
+    cfg = RLConfig(**dict(BASE, algo="dapo", minibatch_size=1, ppo_epochs=3, target_kl=1e-9))
     stats = ppo_update(model, None, optimizer, params, batch, cfg, torch.Generator().manual_seed(0))
     assert stats["updates"] == 2.0
     cfg = dataclasses.replace(cfg, target_kl=0.0)
@@ -222,9 +222,9 @@ def test_target_kl_stops_the_updates_of_the_step():
 
 
 def test_critic_warmup_trains_the_value_head_only(tmp_path):
-    cfg = DiDPOConfig(**dict(BASE, steps=1, critic=True, critic_warmup_steps=1, ppo_epochs=2))
+    cfg = RLConfig(**dict(BASE, steps=1, critic=True, critic_warmup_steps=1, ppo_epochs=2))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     start = build_tiny_causal_lm(0)[0].state_dict()
     assert all(torch.equal(value, start[key]) for key, value in model.state_dict().items())  # merged = unchanged
     assert result.value_head.summary.weight.abs().sum() > 0 and result.history[0]["didpo/updates"] == 4.0
@@ -244,7 +244,7 @@ def test_losses_aggregate_per_sequence_for_grpo_and_per_token_for_dapo_as_trl():
     batch = {"completion_mask": mask, "old_per_token_logps": old, "advantages": adv, "ref_per_token_logps": ref}
     beta = 0.05
     for algo, high in (("grpo", 0.2), ("dapo", 0.28)):
-        cfg = DiDPOConfig(**dict(BASE, algo=algo, kl_coef=beta, eps_low=0.2, eps_high=0.28))
+        cfg = RLConfig(**dict(BASE, algo=algo, kl_coef=beta, eps_low=0.2, eps_high=0.28))
         loss, stats = ppo_losses(logps, logits, None, batch, cfg)
         ratio = torch.exp(logps - old)
         per_token = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1 + high) * adv)
@@ -265,7 +265,7 @@ def test_didpo_advantages_by_hand_with_decoupled_lambdas():
     rewards = torch.tensor([[0.0, 0.5, 1.0], [2.0, 0.0, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.6], [0.5, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    cfg = DiDPOConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=1.0, whiten_advantages=False))
+    cfg = RLConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=1.0, whiten_advantages=False))
     advantages, returns = gae_advantages(rewards, values, mask, cfg)
     torch.testing.assert_close(advantages, torch.tensor([[0.2, 0.7, 0.4], [1.5, 0.0, 0.0]]))
     torch.testing.assert_close(returns, torch.tensor([[1.5, 1.5, 1.0], [2.0, 0.0, 0.0]]))
@@ -282,12 +282,12 @@ def test_lambda_stays_1_until_the_critic_explains_enough_of_the_return_variance(
     """DIDPO.md v2: GAE with λ = 1 until the critic explains > 0.5 of the return variance. Untrusted, the same
     inputs as above give Monte-Carlo advantages R_t − V_t = [1.5 − 0.2, 1.5 − 0.4, 1.0 − 0.6] and reward-to-go
     returns, whatever lam / lam_critic say."""
-    from models.didpo import critic_trusted
+    from models.rl import critic_trusted
 
     rewards = torch.tensor([[0.0, 0.5, 1.0]])
     values = torch.tensor([[0.2, 0.4, 0.6]])
     mask = torch.ones(1, 3)
-    cfg = DiDPOConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=0.0, whiten_advantages=False))
+    cfg = RLConfig(**dict(BASE, gamma=1.0, lam=0.0, lam_critic=0.0, whiten_advantages=False))
     advantages, returns = gae_advantages(rewards, values, mask, cfg, critic_trusted=False)
     torch.testing.assert_close(advantages, torch.tensor([[1.3, 1.1, 0.4]]))
     torch.testing.assert_close(returns, torch.tensor([[1.5, 1.5, 1.0]]))
@@ -296,7 +296,7 @@ def test_lambda_stays_1_until_the_critic_explains_enough_of_the_return_variance(
     assert critic_trusted([{"step": 1, "didpo/explained_variance": 0.51}, {"step": 2}], cfg)  # stays trusted
     assert critic_trusted([], dataclasses.replace(cfg, critic_trust_ev=0.0))
     with pytest.raises(ValueError, match="critic_trust_ev"):
-        DiDPOConfig(**dict(BASE, critic_trust_ev=1.0))
+        RLConfig(**dict(BASE, critic_trust_ev=1.0))
 
 
 def test_token_reward_matrix_places_shaped_rewards_on_step_ends_and_the_sequence_reward_last():
@@ -357,9 +357,9 @@ def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeyp
             for _ in prompts
         ]
 
-    monkeypatch.setattr(models.didpo, "sample", scripted)
+    monkeypatch.setattr(models.rl, "sample", scripted)
     reward = ProcessRewardConfig(w_format=0.5, w_partial=0.4, control="reference")
-    cfg = DiDPOConfig(**dict(BASE, algo="didpo", reward=reward))
+    cfg = RLConfig(**dict(BASE, algo="didpo", reward=reward))
     (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], cfg, verifier, seed=1234)
     assert [(r.n_passed, r.n_tests) for r in group] == [(2, 2), (1, 2), (0, 2), (0, 2)]
     assert group[3].reason == "no_code"
@@ -379,7 +379,7 @@ def test_collect_rollouts_scores_code_through_the_real_sandbox(verifier, monkeyp
     np.testing.assert_allclose(group[0].gap, expected.gap, atol=0)
     np.testing.assert_allclose(group[0].shaped, expected.shaped, atol=0)
     assert sum(group[0].shaped) == pytest.approx(0.0, abs=1e-12) and group[3].shaped == []
-    grpo = DiDPOConfig(**dict(BASE, algo="grpo", reward=reward))
+    grpo = RLConfig(**dict(BASE, algo="grpo", reward=reward))
     (group,) = collect_rollouts(model, tok, [PROBLEMS[0]], grpo, verifier, seed=1234)
     assert [r.reward for r in group] == pytest.approx([1.4, 0.2, 0.0, 0.0]) and all(r.phi == [] for r in group)
 
@@ -404,12 +404,12 @@ def test_exact_resume_after_a_crash(tmp_path, critic):
     optimizer-driven history, RNG stream, prompt order, screened pool and rollouts file (KL term, uneven minibatches
     over 2 epochs; with the critic: reward normaliser and warm-up too). The resumed run takes its pool from the
     checkpoint: it screens nothing."""
-    cfg = DiDPOConfig(**dict(BASE, steps=3, checkpoint_every=1, kl_coef=0.1, ppo_epochs=2, minibatch_size=3))
+    cfg = RLConfig(**dict(BASE, steps=3, checkpoint_every=1, kl_coef=0.1, ppo_epochs=2, minibatch_size=3))
     if critic:
         cfg = dataclasses.replace(cfg, **CRITIC)
     stub = IndexVerifier()
     model, tok = build_tiny_causal_lm(0)
-    straight = train_didpo(model, tok, PROBLEMS, cfg, stub, tmp_path / "straight")
+    straight = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "straight")
     straight_rng = rng_snapshot()
 
     def crash_at_step_3(metrics, step):
@@ -418,17 +418,17 @@ def test_exact_resume_after_a_crash(tmp_path, critic):
 
     model, tok = build_tiny_causal_lm(0)
     with pytest.raises(Crash):
-        train_didpo(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed", emit=crash_at_step_3)
+        train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed", emit=crash_at_step_3)
     assert [p.name for p in list_checkpoints(tmp_path / "resumed/checkpoints")] == ["checkpoint-00000002"]
     assert {r["step"] for r in read_rollouts(tmp_path / "resumed/rollouts.jsonl")} == {1, 2, 3}  # step 3 was written
     torch.manual_seed(123)  # the crashed process's RNG state must not matter
     model, tok = build_tiny_causal_lm(0)
     screens = []
-    real_screen = models.didpo.screen_prompt_pool
+    real_screen = models.rl.screen_prompt_pool
     monkeypatch_screen = pytest.MonkeyPatch()
-    monkeypatch_screen.setattr(models.didpo, "screen_prompt_pool", lambda *a: screens.append(1) or real_screen(*a))
+    monkeypatch_screen.setattr(models.rl, "screen_prompt_pool", lambda *a: screens.append(1) or real_screen(*a))
     try:
-        resumed = train_didpo(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+        resumed = train_rl(model, tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
     finally:
         monkeypatch_screen.undo()
     assert screens == []
@@ -465,12 +465,12 @@ def test_exact_resume_after_a_crash(tmp_path, critic):
     assert ("didpo/pg_loss" in straight.history[0]) is not critic and "didpo/pg_loss" in straight.history[1]
     # a checkpoint only resumes the run that wrote it
     with pytest.raises(CheckpointMismatchError, match="another didpo config"):
-        train_didpo(
+        train_rl(
             build_tiny_causal_lm(0)[0], tok, PROBLEMS, dataclasses.replace(cfg, lam=0.9), stub, tmp_path / "resumed"
         )
     # ... nor the same config started from other weights (a new DPO export under an old RL checkpoint)
     with pytest.raises(CheckpointMismatchError, match="another starting policy"):
-        train_didpo(build_tiny_causal_lm(1)[0], tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
+        train_rl(build_tiny_causal_lm(1)[0], tok, PROBLEMS, cfg, stub, tmp_path / "resumed")
 
 
 def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp_path):
@@ -478,14 +478,14 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
     save leaves the previous run's checkpoint in place and resumable; its first save is what deletes it."""
     stub, tok = IndexVerifier(), build_tiny_causal_lm(0)[1]
     ckpts = tmp_path / "checkpoints"
-    old_cfg = DiDPOConfig(**dict(BASE, steps=3, checkpoint_every=1))
-    train_didpo(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path)
+    old_cfg = RLConfig(**dict(BASE, steps=3, checkpoint_every=1))
+    train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path)
     (old,) = list_checkpoints(ckpts)
     old_state, old_weights = load_checkpoint(old).state, load_checkpoint(old).tensors["trainable"]
     assert old.name == "checkpoint-00000003"
     new_cfg = dataclasses.replace(old_cfg, learning_rate=5e-4, checkpoint_every=2)  # saves at steps 2 and 3
     with pytest.raises(CheckpointMismatchError):  # what makes the stage start over
-        train_didpo(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path)
+        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path)
 
     def crash_at_step_1(metrics, step):
         raise Crash
@@ -493,7 +493,7 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
     old_rollouts = (tmp_path / "rollouts.jsonl").read_text()
     assert {json.loads(line)["step"] for line in old_rollouts.splitlines()} == {1, 2, 3}
     with pytest.raises(Crash):
-        train_didpo(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, crash_at_step_1, resume=False)
+        train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, crash_at_step_1, resume=False)
     assert list_checkpoints(ckpts) == [old]
     assert (tmp_path / "rollouts.jsonl.previous").read_text() == old_rollouts  # set aside, not emptied
     kept = load_checkpoint(old)
@@ -501,7 +501,7 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
     for key, value in old_weights.items():
         assert torch.equal(kept.tensors["trainable"][key], value)
     # still the previous run's: resuming it with its own config finds all 3 steps done
-    assert train_didpo(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path).global_step == 3
+    assert train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, old_cfg, stub, tmp_path).global_step == 3
     assert (tmp_path / "rollouts.jsonl").read_text() == old_rollouts  # the previous run's rollouts are back
     assert not (tmp_path / "rollouts.jsonl.previous").exists()
 
@@ -510,7 +510,7 @@ def test_a_new_run_deletes_the_previous_checkpoint_only_after_saving_its_own(tmp
     def watch(metrics, step):  # emit comes before the step's checkpoint
         listings[step] = [p.name for p in list_checkpoints(ckpts)]
 
-    train_didpo(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, watch, resume=False)
+    train_rl(build_tiny_causal_lm(0)[0], tok, PROBLEMS, new_cfg, stub, tmp_path, watch, resume=False)
     assert listings == {1: [old.name], 2: [old.name], 3: ["checkpoint-00000002"]}
     assert not (tmp_path / "rollouts.jsonl.previous").exists()  # gone with the superseded checkpoints
     assert {json.loads(line)["step"] for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()} == {1, 2, 3}
@@ -540,15 +540,15 @@ def longest_prompt_tokens(tok, problems) -> int:
 
 def test_a_rollout_batch_beyond_the_memory_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     model, tok = build_tiny_causal_lm(0)
-    cfg = DiDPOConfig(**dict(BASE, prompts_per_step=4, group_size=64, max_new_tokens=64))
+    cfg = RLConfig(**dict(BASE, prompts_per_step=4, group_size=64, max_new_tokens=64))
     longest = longest_prompt_tokens(tok, PROBLEMS)
     need = rollout_kv_cache_bytes(model.config, 4 * 64, longest + 64, 4)  # float32 weights
     assert need == 256 * (longest + 64) * 2 * 2 * 16 * 4
-    monkeypatch.setattr(models.didpo, "available_memory", lambda device: need)
+    monkeypatch.setattr(models.rl, "available_memory", lambda device: need)
     check_rollout_fits(model, tok, PROBLEMS, cfg, "cpu")  # exactly enough
-    monkeypatch.setattr(models.didpo, "available_memory", lambda device: need - 1)
+    monkeypatch.setattr(models.rl, "available_memory", lambda device: need - 1)
     with pytest.raises(ValueError) as info:
-        train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+        train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     message = str(info.value)
     assert "didpo.prompts_per_step × didpo.group_size = 4 × 64 rows" in message
     assert f"{longest} prompt + didpo.max_new_tokens 64 tokens" in message
@@ -560,11 +560,11 @@ def test_max_new_tokens_beyond_the_model_context_is_refused(tmp_path):
     model, tok = build_tiny_causal_lm(0)
     context, longest = model.config.max_position_embeddings, longest_prompt_tokens(tok, PROBLEMS)
     assert (context, longest) == (2048, 56)
-    fits = DiDPOConfig(**dict(BASE, max_new_tokens=context - longest))
+    fits = RLConfig(**dict(BASE, max_new_tokens=context - longest))
     check_rollout_fits(model, tok, PROBLEMS, fits, "cpu")
     too_long = dataclasses.replace(fits, max_new_tokens=context - longest + 1)
     with pytest.raises(ValueError) as info:
-        train_didpo(model, tok, PROBLEMS, too_long, IndexVerifier(), tmp_path)
+        train_rl(model, tok, PROBLEMS, too_long, IndexVerifier(), tmp_path)
     assert str(info.value) == (
         "didpo.max_new_tokens (1993) + the longest prompt (56 tokens) exceed the model's context (2048 tokens): "
         "set didpo.max_new_tokens <= 1992"
@@ -590,8 +590,8 @@ def test_one_loop_four_algos(tmp_path, verifier):
     for algo in ("didpo", "grpo", "dapo", "rft"):
         model, tok = build_tiny_causal_lm(0)
         reward = ProcessRewardConfig(control="group", overlong_max=0, overlong_cache=0)
-        cfg = DiDPOConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, screen_samples=0, reward=reward))
-        result = train_didpo(model, tok, PROBLEMS, cfg, verifier, tmp_path / algo)
+        cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=2, screen_samples=0, reward=reward))
+        result = train_rl(model, tok, PROBLEMS, cfg, verifier, tmp_path / algo)
         runs[algo] = (result, read_rollouts(result.rollouts_path), model)
 
     first = {
@@ -624,9 +624,9 @@ def test_dapo_refills_exactly_the_dropped_groups(tmp_path):
     """Groups of problems whose rewards are all equal are dropped and replaced by new draws until
     prompts_per_step groups carry signal (or max_refill draws are spent)."""
     constant = frozenset({"clean_0", "clean_1", "clean_2"})
-    cfg = DiDPOConfig(**dict(BASE, algo="dapo", steps=3, prompts_per_step=2, max_refill=3))
+    cfg = RLConfig(**dict(BASE, algo="dapo", steps=3, prompts_per_step=2, max_refill=3))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
     rows = read_rollouts(result.rollouts_path)
     for step, h in enumerate(result.history, start=1):
         groups = {}
@@ -646,9 +646,9 @@ def test_dapo_refills_exactly_the_dropped_groups(tmp_path):
 
 def test_steps_sample_anew_from_the_same_prompt(tmp_path):
     """One problem, no learning (lr 0): the samples still change from step to step (per-step sampling seeds)."""
-    cfg = DiDPOConfig(**dict(BASE, algo="grpo", steps=2, prompts_per_step=1, learning_rate=0.0))
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=2, prompts_per_step=1, learning_rate=0.0))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS[:1], cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS[:1], cfg, IndexVerifier(), tmp_path)
     rows = read_rollouts(result.rollouts_path)
     step1 = [r["completion"] for r in rows if r["step"] == 1]
     step2 = [r["completion"] for r in rows if r["step"] == 2]
@@ -659,18 +659,18 @@ def test_steps_sample_anew_from_the_same_prompt(tmp_path):
 def test_kl_reference_is_the_starting_policy(tmp_path, lora):
     """β > 0: the reference is the starting weights (LoRA: adapters disabled; full fine-tuning: a frozen copy), so
     the k3 KL is 0 on the first step (one minibatch: measured before any update) and grows once the policy moved."""
-    cfg = DiDPOConfig(**dict(BASE, algo="grpo", steps=3, kl_coef=0.1, learning_rate=1e-2, lora=lora, minibatch_size=8))
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=3, kl_coef=0.1, learning_rate=1e-2, lora=lora, minibatch_size=8))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     kl = [h["didpo/kl_ref"] for h in result.history]
     assert kl[0] < 1e-7 and kl[2] > 1e-4
     assert (result.adapter_path is None) is (not lora)
 
 
 def test_export_and_summary(tmp_path):
-    cfg = DiDPOConfig(**dict(BASE, algo="grpo", steps=2))
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=2))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     assert (result.adapter_path / "adapter_config.json").is_file()
     assert (result.merged_path / "config.json").is_file()
     summary = summarise_history(result.history, cfg.algo, result.global_step)
@@ -682,12 +682,12 @@ def test_export_and_summary(tmp_path):
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="didpo.algo"):
-        DiDPOConfig(algo="ppo")
+        RLConfig(algo="ppo")
     with pytest.raises(ValueError, match="group_size must be >= 2 for grpo"):
-        DiDPOConfig(algo="grpo", group_size=1)
+        RLConfig(algo="grpo", group_size=1)
     with pytest.raises(ValueError, match="lam_critic"):
-        DiDPOConfig(lam_critic=1.5)
-    assert DiDPOConfig(algo="grpo").clip_high == 0.2 and DiDPOConfig(algo="dapo").clip_high == 0.28
+        RLConfig(lam_critic=1.5)
+    assert RLConfig(algo="grpo").clip_high == 0.2 and RLConfig(algo="dapo").clip_high == 0.28
 
 
 # ------------------------------------------------------------------------------- DiDPO v2 (DIDPO.md "Must hold")
@@ -708,13 +708,11 @@ def test_with_w_did_zero_didpo_advantages_are_grpos_exactly():
         gaps = [[0.0, *rng.uniform(-1, 1, 3)] for _ in outcomes]
         rollouts += scripted_group(outcomes, gaps, [[1, 3, 4]] * 4, [6, 5, 7, 6])
     mask = build_batch_mask([len(r.completion.completion_ids) for r in rollouts])
-    cfg = DiDPOConfig(**dict(BASE, reward=ProcessRewardConfig(w_did=0.0, control="group")))
-    didpo = models.didpo.didpo_token_advantages(rollouts, mask, cfg)
-    grpo = models.didpo.group_token_advantages(rollouts, mask, dataclasses.replace(cfg, algo="grpo"))
+    cfg = RLConfig(**dict(BASE, reward=ProcessRewardConfig(w_did=0.0, control="group")))
+    didpo = models.rl.didpo_token_advantages(rollouts, mask, cfg)
+    grpo = models.rl.group_token_advantages(rollouts, mask, dataclasses.replace(cfg, algo="grpo"))
     assert torch.equal(didpo, grpo) and didpo.abs().sum() > 0
-    with_did = models.didpo.didpo_token_advantages(
-        rollouts, mask, dataclasses.replace(cfg, reward=ProcessRewardConfig())
-    )
+    with_did = models.rl.didpo_token_advantages(rollouts, mask, dataclasses.replace(cfg, reward=ProcessRewardConfig()))
     assert not torch.equal(with_did, grpo)
 
 
@@ -726,7 +724,7 @@ def build_batch_mask(lengths):
 def test_all_equal_outcomes_give_zero_advantages_whatever_the_gaps():
     rollouts = scripted_group([1.0] * 4, [[0.0, 0.5, -0.9]] * 4, [[0, 2]] * 4, [3, 4, 5, 3])
     mask = build_batch_mask([3, 4, 5, 3])
-    advantages = models.didpo.didpo_token_advantages(rollouts, mask, DiDPOConfig(**BASE))
+    advantages = models.rl.didpo_token_advantages(rollouts, mask, RLConfig(**BASE))
     assert torch.equal(advantages, torch.zeros_like(mask))
 
 
@@ -738,9 +736,9 @@ def test_kl_to_the_start_policy_is_zero_at_the_first_step_and_grows_with_a_posit
     (no pass of its own): the same figures hold."""
     kl = {}
     for lr in (1e-2, 0.0):
-        cfg = DiDPOConfig(**dict(BASE, algo=algo, steps=3, learning_rate=lr))
+        cfg = RLConfig(**dict(BASE, algo=algo, steps=3, learning_rate=lr))
         model, tok = build_tiny_causal_lm(0)
-        result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path / str(lr))
+        result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path / str(lr))
         kl[lr] = [h["didpo/kl_start"] for h in result.history]
         assert max(h["didpo/logprob_diff"] for h in result.history) < 1e-4
         clip = "didpo/clip_frac/high" if algo != "rft" else "didpo/pg_loss"  # rft's loss is the NLL: no clipping
@@ -755,9 +753,9 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
     to 1) and the answers' mean number of lines (the random model writes no code: L_x = 0). Steps draw from the
     pool only. Val or test problems are refused."""
     constant = frozenset({"clean_0", "clean_3"})
-    cfg = DiDPOConfig(**dict(BASE, steps=2))
+    cfg = RLConfig(**dict(BASE, steps=2))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(constant), tmp_path)
     entries = {e["task_id"]: e for e in result.pool.entries}
     assert len(entries) == 6 and result.pool.samples == 4
     for task_id, e in entries.items():
@@ -776,9 +774,9 @@ def test_the_screen_keeps_informative_train_problems_and_gives_their_controls(tm
     assert result.pool.summary() == {"screened": 6, "pool_size": 4, "screen_pass_rate": 1 / 6, "pool_pass_rate": 0.25}
     val = [dict(PROBLEMS[0], split="val"), *PROBLEMS[1:]]
     with pytest.raises(ValueError, match=r"train problems only, got \['val'\]"):
-        train_didpo(build_tiny_causal_lm(0)[0], tok, val, cfg, IndexVerifier(), tmp_path / "val")
+        train_rl(build_tiny_causal_lm(0)[0], tok, val, cfg, IndexVerifier(), tmp_path / "val")
     with pytest.raises(ValueError, match="no informative problem"):
-        train_didpo(
+        train_rl(
             build_tiny_causal_lm(0)[0],
             tok,
             PROBLEMS,
@@ -808,10 +806,10 @@ def test_a_second_arm_from_the_same_start_reads_the_screen_from_the_cache(tmp_pa
     runs = {}
     for name, overrides, seed in (("grpo", {}, 0), ("dapo", {"learning_rate": 5e-3}, 0), ("seed1", {}, 1)):
         algo = "dapo" if name == "dapo" else "grpo"
-        cfg = DiDPOConfig(**dict(BASE, algo=algo, steps=1, max_refill=0, seed=seed, **overrides))
+        cfg = RLConfig(**dict(BASE, algo=algo, steps=1, max_refill=0, seed=seed, **overrides))
         model, tok = build_tiny_causal_lm(0)
         verifier = CountingVerifier(frozenset({"clean_0"}))
-        result = train_didpo(model, tok, PROBLEMS, cfg, verifier, tmp_path / name, pool_cache=cache)
+        result = train_rl(model, tok, PROBLEMS, cfg, verifier, tmp_path / name, pool_cache=cache)
         runs[name] = (result, verifier.checked)
     (first, first_checked), (second, second_checked), (other, other_checked) = runs.values()
     assert (first.pool_from_cache, second.pool_from_cache, other.pool_from_cache) == (False, True, False)
@@ -819,16 +817,16 @@ def test_a_second_arm_from_the_same_start_reads_the_screen_from_the_cache(tmp_pa
     assert second.pool.entries == first.pool.entries and len(list(cache.glob("*.json"))) == 2
     # other start weights: another key
     model, tok = build_tiny_causal_lm(1)
-    moved = train_didpo(model, tok, PROBLEMS, DiDPOConfig(**dict(BASE, algo="grpo", steps=1)), IndexVerifier(),
+    moved = train_rl(model, tok, PROBLEMS, RLConfig(**dict(BASE, algo="grpo", steps=1)), IndexVerifier(),
                         tmp_path / "moved", pool_cache=cache)  # fmt: skip
     assert not moved.pool_from_cache and len(list(cache.glob("*.json"))) == 3
 
 
 def test_rft_fine_tunes_on_the_passing_rollouts_only(tmp_path):
-    cfg = DiDPOConfig(**dict(BASE, algo="rft", steps=2))
+    cfg = RLConfig(**dict(BASE, algo="rft", steps=2))
     model, tok = build_tiny_causal_lm(0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     rows = read_rollouts(result.rollouts_path)
     assert rows and all(r["trained"] is (r["passed"] == r["total"]) for r in rows)
     assert any(r["trained"] for r in rows) and not all(r["trained"] for r in rows)
@@ -842,24 +840,24 @@ def test_the_budget_is_refused_below_the_sft_answers_p90(tmp_path):
     tok = build_tiny_causal_lm(0)[1]
     lengths = sorted(len(tok(render_answer(p), add_special_tokens=False)["input_ids"]) + 1 for p in PROBLEMS)
     p90 = lengths[5]  # nearest rank: ⌈0.9 · 6⌉ = 6th of 6
-    assert models.didpo.sft_answer_p90_tokens(tok, PROBLEMS) == p90
-    models.didpo.check_budget_fits_answers(tok, PROBLEMS, DiDPOConfig(**dict(BASE, max_new_tokens=p90)))
+    assert models.rl.sft_answer_p90_tokens(tok, PROBLEMS) == p90
+    models.rl.check_budget_fits_answers(tok, PROBLEMS, RLConfig(**dict(BASE, max_new_tokens=p90)))
     with pytest.raises(ValueError, match=rf"didpo.max_new_tokens \({p90 - 1}\) is below the p90 length .*{p90} tokens"):
-        models.didpo.check_budget_fits_answers(tok, PROBLEMS, DiDPOConfig(**dict(BASE, max_new_tokens=p90 - 1)))
+        models.rl.check_budget_fits_answers(tok, PROBLEMS, RLConfig(**dict(BASE, max_new_tokens=p90 - 1)))
 
 
 def test_v2_config_checks_name_the_key():
     with pytest.raises(ValueError, match="didpo.top_p must be 1 in RL"):
-        DiDPOConfig(top_p=0.95)
+        RLConfig(top_p=0.95)
     with pytest.raises(ValueError, match=r"didpo.reward.w_partial must be in \[0, 1\)"):
         ProcessRewardConfig(w_partial=1.0)
     with pytest.raises(ValueError, match=r"didpo.reward.w_format \(0.6\) must be < 1 - didpo.reward.w_partial"):
         ProcessRewardConfig(w_partial=0.5, w_format=0.6)
     with pytest.raises(ValueError, match="start_policy needs the screen"):
-        DiDPOConfig(algo="didpo", screen_samples=0)
+        RLConfig(algo="didpo", screen_samples=0)
     group = ProcessRewardConfig(control="group")
-    assert DiDPOConfig(algo="didpo", screen_samples=0, reward=group).uses_critic is False
-    assert DiDPOConfig(algo="didpo", critic=True).uses_critic and not DiDPOConfig(algo="grpo", critic=True).uses_critic
+    assert RLConfig(algo="didpo", screen_samples=0, reward=group).uses_critic is False
+    assert RLConfig(algo="didpo", critic=True).uses_critic and not RLConfig(algo="grpo", critic=True).uses_critic
 
 
 def test_the_stage_task_checks_the_budget_then_writes_the_pool(tmp_path, monkeypatch):
@@ -873,8 +871,8 @@ def test_the_stage_task_checks_the_budget_then_writes_the_pool(tmp_path, monkeyp
     model.save_pretrained(tmp_path / "policy")
     tok.save_pretrained(tmp_path / "policy")
     problems = PROBLEMS[:2]
-    p90 = models.didpo.sft_answer_p90_tokens(tok, problems)
-    cfg = DiDPOConfig(**dict(BASE, steps=1, group_size=2, minibatch_size=2, max_new_tokens=p90 - 1))
+    p90 = models.rl.sft_answer_p90_tokens(tok, problems)
+    cfg = RLConfig(**dict(BASE, steps=1, group_size=2, minibatch_size=2, max_new_tokens=p90 - 1))
     out, rollouts, pool = tmp_path / "out", tmp_path / "rl/rollouts.jsonl", tmp_path / "rl/pool.json"
     with pytest.raises(ValueError, match="below the p90 length of the SFT answers"):
         tasks.didpo.run_didpo.fn(tmp_path / "policy", "float32", problems, cfg, IndexVerifier(), out, rollouts, pool)
@@ -893,9 +891,9 @@ def test_keep_steps_keeps_the_policy_at_each_budget_point(tmp_path):
     adapter, the first differs from it (the policy moved in between); a step outside 1 .. steps is refused."""
     from safetensors.torch import load_file
 
-    cfg = DiDPOConfig(**dict(BASE, algo="grpo", steps=3, keep_steps=[1, 3]))
+    cfg = RLConfig(**dict(BASE, algo="grpo", steps=3, keep_steps=[1, 3]))
     model, tok = build_tiny_causal_lm(0)
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path)
     points = sorted(p.name for p in (tmp_path / "points").iterdir())
     assert points == ["step_0001", "step_0003"]
     final = load_file(result.adapter_path / "adapter_model.safetensors")
@@ -903,4 +901,4 @@ def test_keep_steps_keeps_the_policy_at_each_budget_point(tmp_path):
     assert final.keys() == last.keys() and all(torch.equal(final[k], last[k]) for k in final)
     assert any(not torch.equal(first[k], last[k]) for k in final)
     with pytest.raises(ValueError, match=r"didpo.keep_steps must lie in 1 .. didpo.steps \(3\), got \[4\]"):
-        DiDPOConfig(**dict(BASE, steps=3, keep_steps=[4]))
+        RLConfig(**dict(BASE, steps=3, keep_steps=[4]))

@@ -209,7 +209,7 @@ def test_truncated_importance_weights_equal_trl_compute_loss(trl_trainer, loss_t
     """TRL's vLLM importance-sampling correction in ``token_truncate`` mode (w = min(exp(old − sampling), C) per
     token, multiplied into the per-token loss before aggregation) against ours: `truncated_is_weights` + grpo_loss's
     ``is_weights``, same tensors on both sides."""
-    from models.didpo import truncated_is_weights
+    from models.rl import truncated_is_weights
 
     g = torch.Generator().manual_seed(2)
     width, cap = 6, 2.0

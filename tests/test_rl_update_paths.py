@@ -17,8 +17,10 @@ import contextlib
 import pytest
 import torch
 
-from models.config import DiDPOConfig, ProcessRewardConfig
-from models.didpo import (
+from models.config import ProcessRewardConfig, RLConfig
+from models.lora import apply_lora
+from models.policy import build_tiny_causal_lm
+from models.rl import (
     Rollout,
     _minibatch_backward,
     build_batch,
@@ -28,8 +30,6 @@ from models.didpo import (
     ppo_losses,
     select_rows,
 )
-from models.lora import apply_lora
-from models.policy import build_tiny_causal_lm
 from models.sampling import Completion
 from models.training import native_bf16
 from tests.test_rl_loop import one_thread  # noqa: F401 (autouse: 1 thread)
@@ -158,7 +158,7 @@ def test_the_shared_prompt_forward_equals_one_sequence_per_row():
 @pytest.mark.parametrize("algo", ["dapo", "grpo", "didpo", "rft"])
 def test_merged_duplicates_give_the_loss_and_gradient_of_the_rows_side_by_side(algo):
     model, _ = lora_model()
-    cfg = DiDPOConfig(**CFG, algo=algo)
+    cfg = RLConfig(**CFG, algo=algo)
     batch = batch_with_advantages([1.0, 1.0, -0.5, 0.3, 0.7, -1.2, 0.7, 0.7])
     results = []
     for minibatch in (batch, merge_duplicates(batch)[0]):
@@ -180,7 +180,7 @@ def test_zero_advantage_rows_leave_the_forward_and_the_gradient_is_unchanged(alg
     zero-advantage rows only gives an exactly-zero gradient (AdamW still steps on it, as on the full one)."""
     model, _ = lora_model()
     params = [p for p in model.parameters() if p.requires_grad]
-    cfg = DiDPOConfig(**CFG, algo=algo)
+    cfg = RLConfig(**CFG, algo=algo)
     batch = batch_with_advantages([1.0, 1.0, -0.5, 0.3, 0.0, 0.0, 0.0, 0.0])
     batch["old_per_token_logps"] = full_sequence_forward(model, batch, 1.0)[0].detach() - 0.1
     model.zero_grad(set_to_none=True)
@@ -196,22 +196,22 @@ def test_zero_advantage_rows_leave_the_forward_and_the_gradient_is_unchanged(alg
         p.grad is not None and not p.grad.any() for p in params
     )
     # with an entropy bonus a zero-advantage row still has a gradient: nothing is dropped
-    ent = DiDPOConfig(**CFG, algo=algo, ent_coef=0.01)
+    ent = RLConfig(**CFG, algo=algo, ent_coef=0.01)
     model.zero_grad(set_to_none=True)
     assert _minibatch_backward(model, None, params, batch, ent, None, True)["rows_dropped"] == 0.0
 
 
 def test_kl_sample_rows():
-    cfg = DiDPOConfig(**CFG, algo="grpo", kl_start_rows=4)
+    cfg = RLConfig(**CFG, algo="grpo", kl_start_rows=4)
     rows = kl_sample_rows(16, cfg, step=0)
     assert len(rows) == 4 and rows.tolist() == sorted(set(rows.tolist())) and max(rows) < 16
     assert torch.equal(rows, kl_sample_rows(16, cfg, step=0))  # seeded by (seed, step)
     assert any(not torch.equal(rows, kl_sample_rows(16, cfg, step=s)) for s in range(1, 4))
     assert kl_sample_rows(3, cfg, 0).tolist() == [0, 1, 2]  # k ≥ n: every row
-    assert kl_sample_rows(16, DiDPOConfig(**CFG, algo="grpo", kl_start_rows=0), 0).tolist() == list(range(16))
-    assert kl_sample_rows(16, DiDPOConfig(**CFG, algo="grpo", kl_coef=0.1), 0).tolist() == list(range(16))
+    assert kl_sample_rows(16, RLConfig(**CFG, algo="grpo", kl_start_rows=0), 0).tolist() == list(range(16))
+    assert kl_sample_rows(16, RLConfig(**CFG, algo="grpo", kl_coef=0.1), 0).tolist() == list(range(16))
     with pytest.raises(ValueError, match="didpo.kl_start_rows"):
-        DiDPOConfig(**CFG, kl_start_rows=-1)
+        RLConfig(**CFG, kl_start_rows=-1)
 
 
 @pytest.mark.skipif(not native_bf16("cpu"), reason="this CPU emulates bf16 (no AVX512-BF16 or AMX)")

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.didpo import DiDPOConfig, train_didpo, truncated_is_weights
 from models.lora import apply_lora, merged_weights
 from models.policy import build_tiny_causal_lm
+from models.rl import RLConfig, train_rl, truncated_is_weights
 from models.rl_losses import grpo_loss
 from models.sampling import SamplingConfig, sample
 from tests.test_rl_loop import BASE, PROBLEMS, IndexVerifier, one_thread  # noqa: F401 (autouse: 1 thread)
@@ -198,9 +198,9 @@ class TorchEngine:
 
 def run(tmp_path, engine=None, **overrides):
     model, tok = build_tiny_causal_lm(0)
-    cfg = DiDPOConfig(**{**BASE, "algo": "grpo", "steps": 2, "screen_samples": 0, **overrides})
+    cfg = RLConfig(**{**BASE, "algo": "grpo", "steps": 2, "screen_samples": 0, **overrides})
     engine = engine(tok) if engine else None
-    result = train_didpo(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path, engine=engine)
+    result = train_rl(model, tok, PROBLEMS, cfg, IndexVerifier(), tmp_path, engine=engine)
     adapter = load_file(result.adapter_path / "adapter_model.safetensors")  # the returned model is merged
     assert max(v.abs().max().item() for k, v in adapter.items() if "lora_B" in k) > 1e-4  # B starts at 0: it moved
     return result, adapter, engine
@@ -237,9 +237,9 @@ def test_an_engine_that_disagrees_is_corrected_by_capped_weights(tmp_path):
 
 def test_rollout_engine_settings_are_checked():
     with pytest.raises(ValueError, match="didpo.rollout_engine"):
-        DiDPOConfig(rollout_engine="ctranslate2")
+        RLConfig(rollout_engine="ctranslate2")
     with pytest.raises(ValueError, match="didpo.is_cap"):
-        DiDPOConfig(is_cap=0.5)
+        RLConfig(is_cap=0.5)
 
 
 def test_the_measuring_stages_take_vllm_where_it_runs(fake_vllm, monkeypatch, tmp_path):
@@ -252,5 +252,5 @@ def test_the_measuring_stages_take_vllm_where_it_runs(fake_vllm, monkeypatch, tm
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_engine("vllm", "bf16", "evaluate") == ("torch", "f32")  # no CUDA: the torch sampler, said once
     with pytest.raises(ValueError, match="didpo.lora"):
-        DiDPOConfig(rollout_engine="openvino", lora=False)
-    assert DiDPOConfig(rollout_engine="torch", lora=False).lora is False
+        RLConfig(rollout_engine="openvino", lora=False)
+    assert RLConfig(rollout_engine="torch", lora=False).lora is False

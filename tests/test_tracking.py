@@ -146,7 +146,7 @@ def test_run_names_tell_runs_apart_by_stage_algorithm_and_commit(tracking_cfg, t
 
     import mlflow
 
-    from models.config import DiDPOConfig
+    from models.config import RLConfig
 
     sha = "8fc972a" + "0" * 33
     assert tracking.run_name("didpo", "rft", (sha, False)) == "didpo · rft · 8fc972a"
@@ -166,7 +166,7 @@ def test_run_names_tell_runs_apart_by_stage_algorithm_and_commit(tracking_cfg, t
         pass
     client = mlflow.MlflowClient()  # of the store pipeline_run configured
     assert client.get_run(parent_id).info.run_name == f"pipeline · dapo · {short}"
-    with tracking.stage_run("didpo", tracking_cfg, DiDPOConfig(algo="grpo")) as run:
+    with tracking.stage_run("didpo", tracking_cfg, RLConfig(algo="grpo")) as run:
         rl = run.info.run_id
     with tracking.stage_run("evaluate", tracking_cfg, algo="grpo") as run:
         evaluate = run.info.run_id

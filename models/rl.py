@@ -23,7 +23,7 @@ Baselines in the same loop, with the same sampler, verifier, prompt pool, optimi
   rollouts, the cheap control any RL must beat;
 - ``didpo``: token-level loss and clip-higher as DAPO, the group baseline with the process term above (or the critic).
 
-One step of `train_didpo`, top to bottom (before the first: the screen, `screen_prompt_pool`):
+One step of `train_rl`, top to bottom (before the first: the screen, `screen_prompt_pool`):
 
 1. prompts: the next ``prompts_per_step`` problems of the pool, in a seeded, checkpointed order
    (`models.training.DataOrder`);
@@ -91,7 +91,7 @@ from models.checkpoint import (
     weights_digest,
 )
 from models.code_steps import code_line_ends
-from models.config import DiDPOConfig
+from models.config import RLConfig
 from models.distributed import clip_grad_norm, data_parallel
 from models.lora import apply_lora, count_parameters
 from models.measure import assemble_program
@@ -120,8 +120,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class DiDPOResult:
-    """What `train_didpo` returns.
+class RLResult:
+    """What `train_rl` returns.
 
     Attributes:
         global_step: RL steps done.
@@ -217,7 +217,7 @@ def collect_rollouts(
     model,
     tokenizer,
     problems: Sequence[dict],
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     verifier,
     seed: int,
     draw: int = 0,
@@ -296,13 +296,13 @@ def group_controls(group: Sequence[Rollout]) -> list:
     return [mean_control([other.phi for k, other in enumerate(group) if k != i]) for i in range(len(group))]
 
 
-def reference_control(problem: dict, cfg: DiDPOConfig):
+def reference_control(problem: dict, cfg: RLConfig):
     """The ``reference`` control (version 1's, for the ablation): the reference solution's own Φ curve, L_x = M."""
 
     return mean_control([reference_curve(_reference_lines(problem), problem, cfg.reward)])
 
 
-def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: DiDPOConfig, controls: dict | None) -> None:
+def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: RLConfig, controls: dict | None) -> None:
     """Set each didpo rollout's gaps G, DiD rewards d and shaped rewards F (`models.process_reward.did_rewards`)
     against its control (``cfg.reward.control``), in place.
 
@@ -398,9 +398,7 @@ class EmptyPoolError(ValueError):
     defect: the stage reports it as a one-line input error)."""
 
 
-def screen_prompt_pool(
-    model, tokenizer, problems: Sequence[dict], cfg: DiDPOConfig, verifier, engine=None
-) -> PromptPool:
+def screen_prompt_pool(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, verifier, engine=None) -> PromptPool:
     """The start policy answers the first ``cfg.screen_problems`` problems of a seeded order (all when 0)
     ``cfg.screen_samples`` times each at the rollout temperature; problems with 0 < passes < K_s are the pool
     (DAPO's dynamic sampling, done once), and each one's answers give its ``start_policy`` control: the mean Φ
@@ -450,7 +448,7 @@ def screen_prompt_pool(
     return pool
 
 
-def pool_cache_key(cfg: DiDPOConfig, problems: Sequence[dict], initial_weights: str, engine: str) -> str:
+def pool_cache_key(cfg: RLConfig, problems: Sequence[dict], initial_weights: str, engine: str) -> str:
     """The digest that names a cached screen: what decides its samples and scores, namely the start weights
     (`models.checkpoint.weights_digest`), the candidate problems (their full rows, in order), K_s, how many are
     screened, the seed, the temperature and token budget, the rollout engine that samples, the screen's batch
@@ -643,7 +641,7 @@ def no_grad_logps(model, batch: dict, value_head, autocast, chunk: int, temperat
     return (torch.cat(values)[inverse] if values else None), torch.cat(logps)[inverse]
 
 
-def kl_sample_rows(n: int, cfg: DiDPOConfig, step: int) -> torch.Tensor:
+def kl_sample_rows(n: int, cfg: RLConfig, step: int) -> torch.Tensor:
     """The rows of a step's batch of `n` on which the start policy's log-probs are computed: every row when the
     objective needs them (β = ``kl_coef`` > 0) or ``kl_start_rows`` is 0 or ≥ n; else ``kl_start_rows`` rows drawn
     without replacement from a generator seeded by (seed, step), in increasing order: the logged ``kl_start`` is
@@ -686,9 +684,7 @@ def token_reward_matrix(rollouts: Sequence[Rollout], width: int, w_did: float = 
     return out
 
 
-def didpo_token_advantages(
-    rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: DiDPOConfig
-) -> torch.Tensor:
+def didpo_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
     """didpo's critic-free advantages (B, T) (DIDPO.md v2, "Advantage"): potential shaping =
     `models.advantages.didpo_group_advantages` of the returns R_i with the per-token gaps G_{i,j(t)−1}; bonus
     shaping (version 1's reading) = GRPO's group advantage of R_i + w_did·Σ_j d_j on every token.
@@ -716,7 +712,7 @@ def gae_advantages(
     rewards: torch.Tensor,
     old_values: torch.Tensor,
     completion_mask: torch.Tensor,
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     critic_trusted: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and value targets of didpo with a critic (DIDPO.md v2, "Advantage": γ = λ = 1 by default).
@@ -746,7 +742,7 @@ def gae_advantages(
     return advantages * completion_mask, returns * completion_mask
 
 
-def critic_trusted(history: Sequence[dict], cfg: DiDPOConfig) -> bool:
+def critic_trusted(history: Sequence[dict], cfg: RLConfig) -> bool:
     """Whether GAE may use λ < 1 (DIDPO.md v2, "Advantage"): some earlier step's critic explained more than
     ``cfg.critic_trust_ev`` of the return variance (``didpo/explained_variance`` in `history`, the emitted rows,
     which an exact resume restores), or the threshold is 0."""
@@ -755,9 +751,7 @@ def critic_trusted(history: Sequence[dict], cfg: DiDPOConfig) -> bool:
     return any(row.get("didpo/explained_variance", float("-inf")) > cfg.critic_trust_ev for row in history)
 
 
-def group_token_advantages(
-    rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: DiDPOConfig
-) -> torch.Tensor:
+def group_token_advantages(rollouts: Sequence[Rollout], completion_mask: torch.Tensor, cfg: RLConfig) -> torch.Tensor:
     """grpo/dapo: (r − mean_group)/(std_group + ε) of the sequence rewards, the same on every token (B, T).
 
     `rollouts` holds whole groups of ``cfg.group_size`` in order."""
@@ -785,7 +779,7 @@ def ppo_losses(
     logits: torch.Tensor,
     values: torch.Tensor | None,
     minibatch: dict[str, torch.Tensor],
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     policy: bool = True,
     scale: tuple[float, float] | None = None,
     share: tuple[float, float] = (1.0, 1.0),
@@ -903,7 +897,7 @@ def ppo_update(
     optimizer,
     params: Sequence,
     batch: dict[str, torch.Tensor],
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     generator: torch.Generator,
     autocast=None,
     policy: bool = True,
@@ -982,7 +976,7 @@ def ppo_update(
 
 
 def _minibatch_backward(
-    model, value_head, params, minibatch: dict, cfg: DiDPOConfig, autocast, policy: bool, keep_logps: bool = False
+    model, value_head, params, minibatch: dict, cfg: RLConfig, autocast, policy: bool, keep_logps: bool = False
 ):
     """Forward and backward of one minibatch (one process), computing only what changes the loss: identical rows
     once with their multiplicity (`merge_duplicates`), and, when the loss is the clipped surrogate alone
@@ -1040,7 +1034,7 @@ def policy_and_value(model, value_head):
     return PolicyAndValue()
 
 
-def _data_parallel_backward(trainer, value_head, batch, index, cfg: DiDPOConfig, autocast, policy: bool, dp):
+def _data_parallel_backward(trainer, value_head, batch, index, cfg: RLConfig, autocast, policy: bool, dp):
     """Backward of this process's slice of the global minibatch `index` (rows of `batch`) through `trainer` (the
     DDP-wrapped `policy_and_value`), scaled by its share of the minibatch's tokens and sequences and by
     ``dp.loss_scale`` (DDP averages over the processes); returns the minibatch's stats summed over the processes
@@ -1072,7 +1066,7 @@ def _data_parallel_backward(trainer, value_head, batch, index, cfg: DiDPOConfig,
 def update_policy(
     model,
     rollouts: Sequence[Rollout],
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     step: int,
     optimizer,
     params: Sequence,
@@ -1180,7 +1174,7 @@ def update_policy(
     return metrics
 
 
-def _drift_metrics(batch, rollouts, old_rows, logps, kl_rows, ref_logps, engine_sampled: bool, cfg: DiDPOConfig):
+def _drift_metrics(batch, rollouts, old_rows, logps, kl_rows, ref_logps, engine_sampled: bool, cfg: RLConfig):
     """Drift and health on the step's own samples before its update (docs/DIDPO.md, "Loss": always logged):
     ``kl_start`` (k3 on `kl_rows`, whose start-policy log-probs are `ref_logps`), ``kl_start_rows``,
     ``logprob_diff`` / ``seq_logprob_diff`` (sampler against trainer) and, for engine rollouts, the truncated
@@ -1278,7 +1272,7 @@ class _RolloutLog:
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def _fingerprint(cfg: DiDPOConfig, problems: Sequence[dict], initial_weights: str) -> str:
+def _fingerprint(cfg: RLConfig, problems: Sequence[dict], initial_weights: str) -> str:
     """Hash of the config, the problems and the initial weights' digest: a checkpoint only resumes the run that
     wrote it (not a run of the same config from another starting policy)."""
     payload = json.dumps(
@@ -1321,7 +1315,7 @@ def rollout_kv_cache_bytes(model_config, rows: int, tokens: int, bytes_per_value
     return rows * tokens * model_config.num_hidden_layers * 2 * width * bytes_per_value
 
 
-def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: DiDPOConfig, device) -> None:
+def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: RLConfig, device) -> None:
     """Refuse, before anything is trained or written, an RL budget this model and machine cannot run: the longest
     prompt + ``max_new_tokens`` beyond the model's context (``max_position_embeddings``), or a rollout batch
     (``prompts_per_step × group_size`` rows, decoded together) whose KV cache (`rollout_kv_cache_bytes`, at the
@@ -1356,7 +1350,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-# ----------------------------------------------------------------------------- the loop's phases (train_didpo)
+# ----------------------------------------------------------------------------- the loop's phases (train_rl)
 
 
 def keeps_group(algo: str, group: Sequence[Rollout]) -> bool:
@@ -1469,7 +1463,7 @@ class _Trainer:
         return _adapters_disabled(self.model)
 
 
-def _build_trainer(model, cfg: DiDPOConfig, device, dp) -> _Trainer:
+def _build_trainer(model, cfg: RLConfig, device, dp) -> _Trainer:
     """Seed, wrap the policy in LoRA adapters (or keep a frozen start copy), add the critic, make AdamW, and wrap
     for data parallelism, in this order (the RNG draws of LoRA's and the head's initialisation follow the seed).
     Raises ValueError when nothing is trainable."""
@@ -1524,11 +1518,11 @@ def _prompt_pool(ckpt, cfg, problems, initial_weights, engine, pool_cache, dp, t
     return pool, False
 
 
-def train_didpo(
+def train_rl(
     model,
     tokenizer,
     problems: Sequence[dict],
-    cfg: DiDPOConfig,
+    cfg: RLConfig,
     verifier,
     out_dir: Path,
     emit: Callable[[dict, int], None] = lambda m, s: None,
@@ -1536,7 +1530,7 @@ def train_didpo(
     rollouts_path: Path | None = None,
     engine=None,
     pool_cache: Path | None = None,
-) -> DiDPOResult:
+) -> RLResult:
     """Train `model` with ``cfg.algo`` on `problems` (see the module docstring for one step).
 
     Args:
@@ -1565,7 +1559,7 @@ def train_didpo(
             one is written there. None = screen every run.
 
     Returns:
-        an `DiDPOResult`.
+        an `RLResult`.
 
     Raises:
         ValueError: no problems, a problem of another split than train, a tokenizer without pad/eos token, a
@@ -1675,9 +1669,9 @@ def _save_checkpoint(ckpt_root, step, t: _Trainer, order, generators, fingerprin
 
 
 def _export_result(t: _Trainer, value_head, tokenizer, cfg, out_dir, step, history, rollouts_path, pool, pool_path,
-                   pool_from_cache, dp) -> DiDPOResult:  # fmt: skip
+                   pool_from_cache, dp) -> RLResult:  # fmt: skip
     """Export the trained policy (rank 0: ``adapter/`` with LoRA, ``merged/``), gather a sharded critic, and return
-    the run's `DiDPOResult` once every rank is there."""
+    the run's `RLResult` once every rank is there."""
 
     model = t.model
     model.eval()
@@ -1689,7 +1683,7 @@ def _export_result(t: _Trainer, value_head, tokenizer, cfg, out_dir, step, histo
     if dp.is_main:
         adapter_path, merged_path = export(to_export, tokenizer, out_dir, cfg.lora)
     dp.barrier()  # every rank returns once the exports exist
-    return DiDPOResult(
+    return RLResult(
         global_step=step,
         history=history,
         adapter_path=adapter_path,
@@ -1750,7 +1744,7 @@ def _adapters_disabled(model):
         yield model
 
 
-def _normalise_and_clip(rewards, mask, normaliser, cfg: DiDPOConfig):
+def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
     """Scale token rewards by the running std of sequence returns and clip them, as configured (seed §4.3).
 
     No mean shift: a constant per-token offset would reward length. The statistic is the sequence return, not
@@ -1776,7 +1770,7 @@ def sft_answer_p90_tokens(tokenizer, problems: Sequence[dict]) -> int:
     return lengths[math.ceil(0.9 * len(lengths)) - 1]
 
 
-def check_budget_fits_answers(tokenizer, problems: Sequence[dict], cfg: DiDPOConfig) -> None:
+def check_budget_fits_answers(tokenizer, problems: Sequence[dict], cfg: RLConfig) -> None:
     """Refuse, at stage start, a token budget below the p90 length of the answers SFT taught (`sft_answer_p90_tokens`):
     RL would otherwise cut off most correct answers and train another task (issue 18: 70% cut at 192 tokens).
 
