@@ -297,7 +297,7 @@ def drift_table(folder: Path) -> str:
     for run, label in DRIFT_RUNS.items():
         f = figures[run]
         lines.append(
-            f"| {label} | {f['kl_step6']:.4f} | {f['kl_step31']:.4f} | {f['kl_last5']:.4f} | {f['updates']} "
+            f"| {label} | {f['kl_step6']:.4f} | {f['kl_step31']:.4f} | {f['kl_last5']:.4f} | {int(f['updates'])} "
             f"| {f['pass_rate']:.3f} |"
         )
     return "\n".join(lines + ["", f"Verdict: {drift_verdict(figures)}."]) + "\n"
