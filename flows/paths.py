@@ -1,7 +1,8 @@
 """Every stage's data paths in one place (issue 20, item 4), grouped by the stage that writes them, in dvc.yaml's
 order. A flow reads another stage's output from here, never from that stage's module, so a stage's import closure
 holds only its own code (tests/test_stage_graph.py checks that every path here is an output of its stage in dvc.yaml,
-that every dvc.yaml output is here, and that every stage's ``deps`` are the project modules its task, tasks/X.py, imports).
+that every dvc.yaml output is here, and that every stage's ``deps`` are the project modules its task (tasks/X.py)
+imports).
 
 Paths are relative to the repository root (the working directory of ``dvc repro`` and ``didpo``).
 """

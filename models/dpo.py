@@ -346,7 +346,6 @@ def load_reference(path: str | Path, expected_sha256: str, dtype: str = "auto", 
     Raises:
         ReferenceMismatchError: see `verify_reference` (nothing is loaded then).
     """
-
     verify_reference(path, expected_sha256)
     return load_policy(path, dtype=dtype, device=device)
 

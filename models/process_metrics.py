@@ -421,7 +421,6 @@ class FormatRates:
 
 def format_rates(answers: Sequence[str]) -> FormatRates:
     """`FormatRates` of raw answers (decoded text). Raises ValueError for no answers."""
-
     if not answers:
         raise ValueError("format rates of zero answers")
     reports = [check_format(a) for a in answers]
@@ -441,7 +440,6 @@ def continuation_prompt(tokenizer, problem: dict, code_prefix: str) -> str:
     """The chat prompt (`models.sampling.build_chat_prompt` of `models.prompts.user_message`) followed by the
     assistant's answer start as SFT renders it (`models.sft.explanation_sentence`, a blank line, the opening
     python fence) up to `code_prefix`."""
-
     chat = build_chat_prompt(tokenizer, user_message(problem))
     return f"{chat}{explanation_sentence(problem)}\n\n```python\n{code_prefix}"
 

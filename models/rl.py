@@ -209,7 +209,6 @@ def _generator_seed(seed: int, purpose: int) -> int:
 def _reference_lines(problem: dict) -> list[str]:
     """The reference solution's steps: the non-blank lines of the complete reference program (signature + the
     canonical body with its step comments, exactly what SFT teaches the model to write)."""
-
     return [line for line in reference_code(problem).splitlines() if line.strip()]
 
 
@@ -243,7 +242,6 @@ def collect_rollouts(
     Returns:
         one group (list of `Rollout`) per problem, in order.
     """
-
     n = cfg.group_size if n is None else n
     with_phi = cfg.algo == "didpo" if with_phi is None else with_phi
     sampling = SamplingConfig(
@@ -292,13 +290,11 @@ def collect_rollouts(
 def group_controls(group: Sequence[Rollout]) -> list:
     """The ``group`` control of each rollout: the leave-one-out `mean_control` of the other rollouts' Φ curves
     (DIDPO.md, "Objects"). Needs ≥ 2 rollouts with Φ."""
-
     return [mean_control([other.phi for k, other in enumerate(group) if k != i]) for i in range(len(group))]
 
 
 def reference_control(problem: dict, cfg: RLConfig):
     """The ``reference`` control (version 1's, for the ablation): the reference solution's own Φ curve, L_x = M."""
-
     return mean_control([reference_curve(_reference_lines(problem), problem, cfg.reward)])
 
 
@@ -313,7 +309,6 @@ def assign_process_rewards(groups: Sequence[Sequence[Rollout]], cfg: RLConfig, c
     Raises:
         KeyError: ``start_policy`` and a problem outside `controls` (the pool).
     """
-
     for group in groups:
         if cfg.reward.control == "group":
             per_rollout = group_controls(group)
@@ -730,7 +725,6 @@ def gae_advantages(
         sequence when `adaptive_lambda_alpha` > 0), whitened over the batch's real tokens when configured; returns
         (value targets) with λ_critic (`lam_critic`, else the same λ as the advantages), never whitened.
     """
-
     lam_policy = cfg.lam if critic_trusted else 1.0
     if cfg.adaptive_lambda_alpha > 0 and critic_trusted:
         lam_policy = adaptive_lambda(completion_mask.sum(-1), cfg.adaptive_lambda_alpha)
@@ -884,7 +878,6 @@ def _rft_loss(per_token_logps, logits, mask, scale, token_share: float = 1.0):
     """rft's loss: the token-level negative log-likelihood of the kept (passing) completions, as SFT (RAFT, Dong et
     al. 2023; ReST-style rejection-sampling fine-tuning), scaled like the token means of `ppo_losses`; `mask` is
     weighted by the rows' multiplicities."""
-
     token_w = scale[0] if scale is not None else 1.0
     loss = -token_w * masked_mean(per_token_logps, mask)
     entropy = token_w * entropy_from_logits(logits.detach(), mask)  # logged only
@@ -1325,7 +1318,6 @@ def check_rollout_fits(model, tokenizer, problems: Sequence[dict], cfg: RLConfig
         ValueError: naming ``didpo.max_new_tokens`` (context), or ``didpo.prompts_per_step``, ``didpo.group_size``
             and ``didpo.max_new_tokens`` with the estimate (memory).
     """
-
     prompts = [build_chat_prompt(tokenizer, user_message(p)) for p in problems]
     longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     context = getattr(model.config, "max_position_embeddings", None)
@@ -1659,7 +1651,6 @@ def _save_checkpoint(ckpt_root, step, t: _Trainer, order, generators, fingerprin
     """The exact-resume checkpoint after `step`: on every rank (sharded states are gathered), written by rank 0; the
     critic's weights beside the policy's; a previous run's rollouts set aside once this run's first checkpoint
     exists."""
-
     tensors = {"value_head": trainable_state_dict(t.value_head)} if t.value_head is not None else {}
     replaced_previous_run = bool(superseded)
     save_loop_state(ckpt_root, step, t.model, t.optimizer, order, generators, fingerprint, superseded,
@@ -1672,7 +1663,6 @@ def _export_result(t: _Trainer, value_head, tokenizer, cfg, out_dir, step, histo
                    pool_from_cache, dp) -> RLResult:  # fmt: skip
     """Export the trained policy (rank 0: ``adapter/`` with LoRA, ``merged/``), gather a sharded critic, and return
     the run's `RLResult` once every rank is there."""
-
     model = t.model
     model.eval()
     trainable, _ = count_parameters(model)
@@ -1701,7 +1691,6 @@ def keep_point(model, tokenizer, out_dir: Path, step: int, write: bool) -> Path:
     """Write the policy after `step` to ``out_dir/points/step_<step:04d>/`` (atomically): the LoRA adapter (peft's
     ``save_pretrained``; merge it onto the start checkpoint to evaluate) or, in full fine-tuning, the whole model,
     with the tokenizer. Only where `write` (rank 0). Returns the folder."""
-
     point = Path(out_dir) / "points" / f"step_{step:04d}"
     if write:
         with atomic_directory(point) as tmp:
@@ -1712,7 +1701,6 @@ def keep_point(model, tokenizer, out_dir: Path, step: int, write: bool) -> Path:
 
 def _whole_value_head(value_head, hidden_size: int):
     """A plain CPU `ValueHead` with the trained (FSDP2-sharded) head's weights gathered into it (a collective)."""
-
     whole = ValueHead(hidden_size)
     load_trainable_state_dict(whole, trainable_state_dict(value_head))
     return whole
@@ -1751,7 +1739,6 @@ def _normalise_and_clip(rewards, mask, normaliser, cfg: RLConfig):
     the token reward (token rewards are mostly zeros). While the returns seen so far have no spread (std 0),
     rewards are left unscaled rather than multiplied by 1/sqrt(eps); `reward_clip` bounds what a small std does.
     """
-
     if normaliser is not None:
         normaliser.update((rewards * mask).sum(-1))
         if normaliser.var > 0:
@@ -1765,7 +1752,6 @@ def sft_answer_p90_tokens(tokenizer, problems: Sequence[dict]) -> int:
     """The 90th percentile (nearest rank, rounded up) of the SFT answers' lengths in tokens: each problem's reference
     answer in the answer format SFT teaches (`models.sft.render_answer`), tokenized without special tokens, + 1
     for the eos that ends it."""
-
     lengths = sorted(len(tokenizer(render_answer(p), add_special_tokens=False)["input_ids"]) + 1 for p in problems)
     return lengths[math.ceil(0.9 * len(lengths)) - 1]
 

@@ -60,7 +60,6 @@ def rollout_engine(cfg: RLConfig, policy: Path, tokenizer):
     an `models.openvino_engine.OpenVINOSampler` (fp32, the checkpoint exported once) or a
     `models.vllm_engine.VLLMSampler`; None for the torch sampler, or when the engine cannot run here (said once,
     `tasks.measure.resolve_engine`)."""
-
     if cfg.rollout_engine == "torch" or resolve_engine(cfg.rollout_engine, "f32", "didpo")[0] == "torch":
         return None
     if cfg.rollout_engine == "vllm":
@@ -90,7 +89,6 @@ def run_didpo(
     leaves alone, so a resumed run keeps the rollouts of the steps before the crash; the finished file is then
     copied to `rollouts` (the DVC out, which DVC deletes before it re-runs the stage).
     """
-
     engines: list = []  # built once (a resumed attempt that starts over reuses it)
 
     def attempt(resume: bool):

@@ -32,7 +32,6 @@ def training_pairs(pairs_path: Path, cfg: DPOConfig) -> tuple[list[dict], list[d
     Raises:
         tasks.config.InputError: no pair is left to train on (the message names the sources and their keys).
     """
-
     pairs = read_pairs(pairs_path)
     train, held_out = split_pairs(select_pairs(pairs, cfg.max_pairs, cfg.seed), cfg.held_out_frac)
     if not train:
@@ -51,7 +50,6 @@ def expected_reference_hash(sft_metrics: Path, merged: Path) -> tuple[str, str]:
     Returns:
         ``(sha256, origin)`` with origin "sft_metrics" or "computed" (recorded in the dpo metrics).
     """
-
     metrics = json.loads(Path(sft_metrics).read_text()) if Path(sft_metrics).is_file() else {}
     if metrics.get("merged_sha256"):
         return metrics["merged_sha256"], "sft_metrics"
@@ -86,7 +84,6 @@ def answer_quality(checkpoint: Path, dtype: str, problems: list[dict], max_new_t
     """The smoke check's half on one checkpoint (`smoke_check`, `SMOKE_NOTE`): one greedy answer per problem;
     ``format_compliance`` and ``unsafe_rate`` (fractions of answers, `models.answer_format.check_format`),
     ``greedy_pass`` (fraction whose code passes every test), ``n_problems``."""
-
     if not problems:
         return {"n_problems": 0}
     model, tokenizer = load_policy(checkpoint, dtype=dtype)

@@ -97,7 +97,6 @@ TABLE_COLUMNS = (
 def split_sampling(cfg: EvaluateConfig, split: str):
     """The `models.sampling.SamplingConfig` of `split`'s answers under protocol `cfg`: one greedy answer for a
     greedy split (`EvaluateConfig.greedy`), else ``n_samples`` at the protocol's temperature and top-p."""
-
     if cfg.greedy(split):
         return SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
     return SamplingConfig(
@@ -126,7 +125,6 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
     """The protocol's problems of every split from a validated problems file: val by `protocol_problems` after the
     first ``skip`` val problems, the held-out families' ``heldout_per_family`` each, test and HumanEval the first
     ``test_problems`` / ``humaneval_problems`` (a split the data lacks has no problems)."""
-
     return {
         "val": protocol_problems(read_problems(problems_path, "val"), skip, cfg.val_per_family),
         "test": read_problems(problems_path, "test", cfg.test_problems),
@@ -137,7 +135,6 @@ def select_problems(problems_path, cfg: EvaluateConfig, skip: int) -> dict[str, 
 
 def resolve_engine(cfg: EvaluateConfig) -> tuple[str, str]:
     """The engine this run uses, ``(name, precision)`` (`tasks.measure.resolve_engine` for the evaluate stage)."""
-
     return resolve(cfg.engine, cfg.precision, "evaluate")
 
 
@@ -176,7 +173,6 @@ def _is_body(code: str) -> bool:
 def answer_metrics(problems: Sequence[dict], results) -> dict:
     """Format, safety, valid-prefix and complexity figures of the sampled answers of `results` (one
     `models.measure.ProblemResult` per problem, same order)."""
-
     answers = [a for r in results for a in r.answers]
     rates = format_rates(answers)
     valid, pairs = [], []
@@ -217,7 +213,6 @@ def evaluate_split(
     `models.measure.ProblemResult` list. ``sampler``: the engine for the pass@k answers (None: torch);
     ``split``: its name (`split_sampling`: a greedy split gets one answer per problem, pass@1 only and
     no process metrics)."""
-
     sampling, greedy = split_sampling(cfg, split), cfg.greedy(split)
     metrics: dict = {"n_problems": len(problems), "n_samples": sampling.n, "greedy": greedy}
     if not problems:
@@ -259,7 +254,6 @@ def evaluate_checkpoint(
     ``samples_dir/<split>.jsonl``. ``engine``: `resolve_engine`'s choice (``openvino``: the checkpoint is exported
     to .cache/openvino once, by its weights' digest). Returns ``({split: metrics} plus "seconds" of wall-clock time
     and "export_seconds", {split: [pass@1 of each problem]})``, the second for the paired comparisons."""
-
     started = time.perf_counter()
     model, tokenizer = load_policy(path, dtype=dtype)
     out: dict = {}
@@ -429,7 +423,6 @@ def pass1_deltas(
     "n_problems", "n_discordant", "cluster_p", "n_clusters"}}}`` (`models.significance.paired_test`, one-sided:
     "after is better"); a split with no problems is left out.
     """
-
     names = list(per_problem)
     pairs = list(itertools.pairwise(names))
     if "base" in names:
@@ -494,7 +487,6 @@ def rl_claim(
     Raises:
         ValueError: the score lists differ in length or are empty (`paired_test`).
     """
-
     better = paired_test(start_scores, rl_scores, clusters=clusters, seed=protocol["seed"])
     worse = paired_test(rl_scores, start_scores, seed=protocol["seed"])
     if better.p_value < alpha and better.effect > 0:

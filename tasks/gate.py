@@ -31,7 +31,6 @@ def external_change(base: Sequence[float], trained: Sequence[float], seed: int =
     Raises:
         ValueError: no problems, or lists of different lengths.
     """
-
     if not base or len(base) != len(trained):
         raise ValueError(f"need the same non-empty problems on both sides, got {len(base)} and {len(trained)}")
     better, worse = paired_test(base, trained, seed=seed), paired_test(trained, base, seed=seed)

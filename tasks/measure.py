@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from models import openvino_engine, vllm_engine  # modules: tests patch their engine_available
 from models.measure import sample_and_verify, summarise
 from models.policy import load_policy
 from models.sampling import SamplingConfig
@@ -31,13 +32,7 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
 
     if engine == "torch":
         return "torch", "f32"
-    # the engines stay function-local: optional dependencies (vLLM on GPU machines, the OpenVINO export environment)
-    if engine == "vllm":
-        from models.vllm_engine import engine_available
-    else:
-        from models.openvino_engine import engine_available
-
-    reason = engine_available()
+    reason = (vllm_engine if engine == "vllm" else openvino_engine).engine_available()
     if reason:
         logging.getLogger(__name__).warning("%s: the torch sampler is used: %s", stage, reason)
         return "torch", "f32"
@@ -47,7 +42,6 @@ def resolve_engine(engine: str, precision: str, stage: str) -> tuple[str, str]:
 def load_checkpoint(checkpoint: Path, dtype: str):
     """``(model, tokenizer)`` of a checkpoint folder in eval mode, for the stages that sample from it
     (`models.policy.load_policy`; ``dtype`` is params.yaml's ``base_model.dtype``)."""
-
     return load_policy(checkpoint, dtype=dtype)
 
 
@@ -56,17 +50,15 @@ def make_sampler(checkpoint: Path, tokenizer, engine: tuple[str, str]):
     (the checkpoint exported once to .cache/openvino, by its weights' digest), a `models.vllm_engine.VLLMSampler`
     (dtype float32 or bfloat16 by the precision), or None for the torch sampler."""
     if engine[0] == "vllm":
-        from models.vllm_engine import VLLMSampler
-
-        return VLLMSampler(Path(checkpoint), tokenizer, dtype={"f32": "float32", "bf16": "bfloat16"}[engine[1]])
+        return vllm_engine.VLLMSampler(
+            Path(checkpoint), tokenizer, dtype={"f32": "float32", "bf16": "bfloat16"}[engine[1]]
+        )
     if engine[0] != "openvino":
         return None
     import torch
 
-    from models.openvino_engine import OpenVINOSampler, export
-
-    ir = export(Path(checkpoint), Path(".cache/openvino"))
-    return OpenVINOSampler(ir, tokenizer, precision=engine[1], threads=torch.get_num_threads())
+    ir = openvino_engine.export(Path(checkpoint), Path(".cache/openvino"))
+    return openvino_engine.OpenVINOSampler(ir, tokenizer, precision=engine[1], threads=torch.get_num_threads())
 
 
 @task(cache_policy=NO_CACHE)
@@ -84,7 +76,6 @@ def measure_split(
     """pass@1/pass@k from ``cfg.n_samples`` answers per problem at the configured temperature, and (``greedy``) the
     greedy pass@1 of one answer at temperature 0. Writes per-problem results to ``out/{split}_*.jsonl``.
     ``sampler``: the engine (`make_sampler`), None for the torch sampler."""
-
     sampled = SamplingConfig(
         n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
@@ -106,7 +97,6 @@ def measure_split(
 def greedy_results(model, tokenizer, problems, max_new_tokens: int, seed: int, verifier, out: Path, sampler=None):
     """One greedy answer per problem (temperature 0, at most `max_new_tokens` tokens), verified; the per-problem
     `models.measure.ProblemResult` list, also written to `out` (JSONL)."""
-
     one = SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
     results = sample_and_verify(model, tokenizer, problems, one, verifier, sampler=sampler) if problems else []
     write_results(results, out)

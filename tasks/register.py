@@ -111,7 +111,6 @@ def promotion_decision(candidate: Evidence, incumbent: Evidence, cfg: RegisterCo
         ProtocolMismatch: the two were measured under different protocols or on different problems.
         ValueError: the primary split has no problems, or a secondary metric is missing from the candidate.
     """
-
     if candidate.protocol != incumbent.protocol:
         raise ProtocolMismatch(
             f"{candidate.name} was measured under evaluation protocol {candidate.protocol} and {incumbent.name} under "
@@ -214,7 +213,6 @@ def version_tags(candidate: Evidence, decision: Decision, cfg: RegisterConfig, a
     metrics): ``<value to 4 places> (<n> problems)``, or ``not reported: <n> problems (fewer than 8)`` for a split
     too small to report (`NI_MIN_PROBLEMS`, the evaluate stage's floor too); the protocol id and the reasons (up to
     4,900 characters)."""
-
     tags = {"didpo.checkpoint": candidate.name}
     if candidate.name == "didpo" and algo:
         tags["didpo.algo"] = algo

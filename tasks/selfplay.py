@@ -33,7 +33,6 @@ def merge_sources(selfplay: list[dict], mined: list[dict], human: list[dict]) ->
     """The DPO training pairs of the three sources (`models.selfplay.merge_pairs`: human first, then mined, then
     self-play); pairs of ``mined`` tagged ``source: human`` (the mine stage may carry human pairs along) count as
     human."""
-
     human = human + [p for p in mined if p.get("source") == "human"]
     return merge_pairs(human, [p for p in mined if p.get("source") != "human"], selfplay)
 
@@ -46,7 +45,6 @@ def generate_selfplay_pairs(model, tokenizer, problems: list[dict], cfg: Selfpla
         ``(pairs, stats)``; stats: ``n_prompts``, ``n_answers``, ``n_selfplay_pairs``, ``answer_test_pass_rate`` (mean
         fraction of tests passed), ``answer_format_compliance`` (fraction of answers in the answer format).
     """
-
     sampling = SamplingConfig(
         n=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
     )
@@ -79,7 +77,6 @@ def no_pair_reason(answers: Sequence[str], fractions: Sequence[float]) -> str:
     parses and is safe: nothing may be chosen), ``all_passed`` / ``all_failed`` (every answer scored the same, all
     passing every test / none passing any), ``equal_scores`` (every answer scored the same otherwise), or
     ``same_text`` (the best and the worst answer are the same text)."""
-
     scores = [score_answer(text, fraction) for text, fraction in zip(answers, fractions, strict=True)]
     if not any(score.eligible for score in scores):
         return "no_usable_answer"

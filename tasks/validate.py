@@ -790,7 +790,6 @@ def validate_problems_task(params, source: Path, out_valid: Path, out_quarantine
 @task(cache_policy=NO_CACHE)
 def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Feedback-log contract; PII and secrets are scrubbed from everything written (valid rows and quarantine)."""
-
     return validate_feedback_logs(
         source,
         out_valid,
@@ -804,7 +803,6 @@ def validate_logs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_q
 @task(cache_policy=NO_CACHE)
 def validate_pairs_task(cfg: ValidateConfig, source: Path, out_valid: Path, out_quarantine: Path):
     """Human preference-pair contract (chosen ≠ rejected, non-empty); PII and secrets scrubbed as for the logs."""
-
     return validate_pairs(
         source,
         out_valid,
