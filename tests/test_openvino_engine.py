@@ -108,6 +108,37 @@ def test_loaded_weights_make_the_engine_answer_as_the_trained_policy(tmp_path):
 
 
 @needs_export
+def test_a_checkpoint_differing_in_projections_is_patched_to_the_exported_ir(tmp_path, monkeypatch):
+    """A LoRA-merged checkpoint (decoder projections changed) gets its IR by patching the cached one of its family:
+    no exporter call, and the result equals a fresh export byte for byte (XML and weights). A changed norm is not
+    patchable: that checkpoint is exported."""
+    import torch
+
+    model, tokenizer, first = _exported_tiny(tmp_path)
+    exports = []
+    real_export = engine._optimum_export
+    monkeypatch.setattr(engine, "_optimum_export", lambda *a: exports.append(a[0]) or real_export(*a))
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.add_(0.25)
+        model.model.layers[1].mlp.down_proj.weight.mul_(-1.0)
+    model.save_pretrained(tmp_path / "merged")
+    tokenizer.save_pretrained(tmp_path / "merged")
+    patched = engine.export(tmp_path / "merged", tmp_path / "cache")
+    assert exports == [] and patched != first
+    fresh = engine.export(tmp_path / "merged", tmp_path / "fresh_cache")  # no donor there: the exporter
+    assert exports == [tmp_path / "merged"]
+    for name in ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.bin", engine.MANIFEST):
+        assert (patched / name).read_bytes() == (fresh / name).read_bytes(), name
+    assert (patched / "openvino_model.bin").read_bytes() != (first / "openvino_model.bin").read_bytes()
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.5)
+    model.save_pretrained(tmp_path / "full")
+    tokenizer.save_pretrained(tmp_path / "full")
+    engine.export(tmp_path / "full", tmp_path / "cache")
+    assert exports == [tmp_path / "merged", tmp_path / "full"]
+
+
+@needs_export
 def test_rl_samples_from_the_openvino_engine(tmp_path):
     """Two RL steps with the engine: the policy's weights go into it before each step, the old log-probs are the
     trainer's, and with the engine's log-probs unknown (NaN) every importance weight is 1."""
