@@ -64,12 +64,13 @@ run: setup
 # DPO, RL and the evaluation run on small budgets, so the registered model and its decision come from a run of minutes:
 # a smoke test of the whole chain, not a measurement. DPO makes one update of 2 pairs (peak memory 8.4 GB instead of
 # about 17 GB at 4 pairs) without warm-up (a 2-step run's first step is at learning rate 0); answers keep their full
-# token budgets (the SFT answers need them: at 192 tokens val pass@1 fell from 0.5 to 0.17). It leaves these settings in
+# token budgets (the SFT answers need them: at 192 tokens val pass@1 fell from 0.5 to 0.17). The evaluation measures the
+# two checkpoints the decision compares, the base model (the incumbent) and the RL policy (the candidate). It leaves these settings in
 # params.yaml: `git checkout params.yaml dvc.lock` then `scripts/restore_run.py restore` return to the default run.
 QUICK := --set selfplay.n_prompts=1 --set dpo.max_steps=1 --set dpo.warmup_ratio=0 --set dpo.max_pairs=8 \
 	--set dpo.batch_size=2 --set dpo.val_problems=1 --set didpo.steps=1 --set didpo.screen_problems=8 \
 	--set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 --set evaluate.humaneval_problems=4 \
-	--set evaluate.n_samples=2 --set evaluate.process_problems=0
+	--set evaluate.n_samples=2 --set evaluate.process_problems=0 --set 'evaluate.checkpoints=[base,didpo]'
 # the two environments install side by side (-j2): they share nothing
 quick:
 	$(MAKE) -j2 setup

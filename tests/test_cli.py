@@ -293,7 +293,7 @@ def test_the_quick_paths_settings_are_valid_params(tmp_path):
     """The Makefile's `QUICK` overrides, applied to a copy of params.yaml as `didpo run --set` applies them, give
     settings the configuration accepts (a typo or an out-of-range value would stop `make quick` after its set-up and
     data stages), with the budgets the README names: one self-play prompt, one DPO update without warm-up, one RL step,
-    2 answers per evaluation problem and the full token budgets."""
+    2 answers per evaluation problem on the base model and the RL policy, and the full token budgets."""
     import re
     import shutil
     from pathlib import Path
@@ -306,7 +306,7 @@ def test_the_quick_paths_settings_are_valid_params(tmp_path):
     root = Path(__file__).resolve().parents[1]
     text = (root / "Makefile").read_text()
     quick = re.search(r"^QUICK := (.*?)(?<!\\)\n", text, re.S | re.M).group(1)
-    overrides = re.findall(r"--set (\S+)", quick)
+    overrides = re.findall(r"--set '?([^\s']+)'?", quick)
     assert len(overrides) == len(re.findall(r"--set", quick)) >= 10
     trial = tmp_path / "params.yaml"
     shutil.copyfile(root / "params.yaml", trial)
@@ -316,5 +316,6 @@ def test_the_quick_paths_settings_are_valid_params(tmp_path):
     budgets = (params.selfplay.n_prompts, params.dpo.max_steps, params.dpo.warmup_ratio, params.didpo.steps)
     assert budgets == (1, 1, 0, 1)
     assert params.evaluate.n_samples == 2 and params.sft == default.sft and params.gate == default.gate
+    assert params.evaluate.checkpoints == ("base", "didpo")  # the decision's incumbent and candidate
     assert params.evaluate.max_new_tokens == default.evaluate.max_new_tokens
     assert params.dpo.max_new_tokens == default.dpo.max_new_tokens
