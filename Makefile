@@ -71,12 +71,13 @@ QUICK := --set selfplay.n_prompts=1 --set dpo.max_steps=1 --set dpo.warmup_ratio
 	--set dpo.batch_size=2 --set dpo.val_problems=1 --set didpo.steps=1 --set didpo.screen_problems=8 \
 	--set evaluate.val_per_family=1 --set evaluate.heldout_per_family=1 --set evaluate.humaneval_problems=4 \
 	--set evaluate.n_samples=2 --set evaluate.process_problems=0 --set 'evaluate.checkpoints=[base,didpo]'
-# the two environments install side by side (-j2): they share nothing
+# the two environments install side by side (-j2): they share nothing; restore's DVC check stands for the stages before
+# self-play (it exits 1 when one is out of date), so the last run starts at self-play
 quick:
 	$(MAKE) -j2 setup
 	$(BIN)/didpo run --stages base_model,prepare,simulate_logs,validate,mine --no-push
 	$(BIN)/python scripts/restore_run.py restore --stages baseline,sft,gate
-	$(BIN)/didpo run --no-push $(QUICK)
+	$(BIN)/didpo run --stages selfplay,dpo,didpo,evaluate,register --no-push $(QUICK)
 
 # The whole suite but GPU tests: the fast default run plus the slow ones (2-process training, real model conversion).
 test: setup-dev
