@@ -38,6 +38,7 @@ BENCHMARKS = {
     "bench_rl": ["--threads", "1"],
     "bench_sampling": ["--threads", "2"],
     "bench_generation": [],
+    "bench_export": [],
     "bench_sft_recipe": [],
     "bench_orchestration": [],
     "bench_rl_update": ["--stages"],
