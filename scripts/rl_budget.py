@@ -3,7 +3,8 @@ keeps its policy at steps 6, 31 and 94 (``didpo.keep_steps``); each kept point i
 it started from, and the table applies the pre-registered decision.
 
     python scripts/rl_budget.py point ARM STEP   # in the workspace of ARM's run: evaluate its policy after STEP
-    python scripts/rl_budget.py table            # docs/results/rl_budget/table.md from every recorded point
+    python scripts/rl_budget.py table            # docs/results/rl_budget/ table.md, points.json, curve.json and
+                                                 # curve.png from every recorded point
     python scripts/rl_budget.py drift            # docs/results/rl_budget/drift/drift.md from the drift runs
     python scripts/rl_budget.py precheck CONTROL # in the workspace of didpo's 31-step run with CONTROL: evaluate
                                                  # it at 4 answers, record it; with both recorded, the choice
@@ -122,7 +123,7 @@ def load_points() -> list[dict]:
     return points
 
 
-def tests(point: dict) -> dict:
+def point_tests(point: dict) -> dict:
     """The point's val test (one-sided paired sign-flip, RL better than DPO) and HumanEval guard (non-inferiority at
     `GUARD_MARGIN`), each a `models.significance.PairedTest`, and its held-out pass@1 (both checkpoints)."""
     from models.significance import paired_test
@@ -141,6 +142,55 @@ def tests(point: dict) -> dict:
     return {"val": val, "guard": guard, "heldout": heldout}
 
 
+def summary(point: dict) -> dict:
+    """One point's figures as docs/results/rl_budget/points.json lists them: ``algo``, ``rollouts``, ``step``,
+    ``val_pass1`` (RL), ``delta`` (RL - DPO, val pass@1), ``interval`` ([low, high], 95%), ``p_value`` (one-sided,
+    RL better), ``mde``, ``n_problems``, ``humaneval_delta`` and ``guard_p_value`` (non-inferiority at
+    `GUARD_MARGIN`), ``heldout_pass1`` (RL) and the training figures up to the point."""
+    t = point_tests(point)
+    val, guard = t["val"], t["guard"]
+    rl_val = point["scores"]["didpo"]["val"]
+    return {
+        "algo": point["arm"],
+        "rollouts": point["rollouts"],
+        "step": point["step"],
+        "val_pass1": sum(rl_val.values()) / len(rl_val),
+        "delta": val.effect,
+        "interval": [val.low, val.high],
+        "p_value": val.p_value,
+        "mde": val.mde,
+        "n_problems": val.n,
+        "humaneval_delta": guard.effect,
+        "guard_p_value": guard.p_value,
+        "heldout_pass1": t["heldout"]["rl"],
+        **point["training"],
+    }
+
+
+def decision(summaries: list[dict]) -> dict[str, dict] | None:
+    """The pre-registered decision at `FINAL_STEP`: Holm over the three arms' one-sided p-values, and a claim only
+    where Holm rejects and the HumanEval guard passes. ``{arm: {"holm_rejects", "guard_passes", "claimed",
+    "verdict"}}``, or None while an arm's final point is missing."""
+    finals = {s["algo"]: s for s in summaries if s["step"] == FINAL_STEP}
+    if set(finals) != set(ARMS):
+        return None
+    rejected = holm({arm: s["p_value"] for arm, s in finals.items()})
+    out = {}
+    for arm, s in finals.items():
+        guard = s["guard_p_value"] < ALPHA
+        if rejected[arm]:
+            verdict = "beats DPO" if guard else "passes Holm, fails the HumanEval guard"
+        elif s["interval"][1] < 0:
+            verdict = "worse than DPO (interval below 0)"
+        elif s["interval"][0] > 0:
+            verdict = "interval above 0, kept by Holm: not claimed"
+        else:
+            verdict = "no change detected"
+        out[arm] = {"holm_rejects": rejected[arm], "guard_passes": guard, "claimed": rejected[arm] and guard,
+                    "verdict": verdict}  # fmt: skip
+    return out
+
+
 def table(points: list[dict]) -> str:
     """Markdown: one row per recorded point, then the decision at 1,504 rollouts (Holm over the arms)."""
     first = points[0]["claim"]
@@ -154,40 +204,86 @@ def table(points: list[dict]) -> str:
         "| KL to start | entropy | RL seconds |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    finals = {}
-    for point in points:
-        t, fig = tests(point), point["training"]
-        val, guard = t["val"], t["guard"]
-        rl_val = sum(point["scores"]["didpo"]["val"].values()) / len(point["scores"]["didpo"]["val"])
+    summaries = [summary(point) for point in points]
+    for s in summaries:
         lines.append(
-            f"| {point['arm']} | {point['rollouts']} | {rl_val:.3f} | {val.effect:+.3f} [{val.low:+.3f}, "
-            f"{val.high:+.3f}] | {val.p_value:.3f} | {val.mde:.3f} | {guard.effect:+.3f} | {guard.p_value:.3f} "
-            f"| {t['heldout']['rl']:.3f} | {fig['kl_start_last5']:.4f} | {fig['entropy_last5']:.3f} "
-            f"| {fig['rl_step_seconds']:.0f} |"
+            f"| {s['algo']} | {s['rollouts']} | {s['val_pass1']:.3f} | {s['delta']:+.3f} [{s['interval'][0]:+.3f}, "
+            f"{s['interval'][1]:+.3f}] | {s['p_value']:.3f} | {s['mde']:.3f} | {s['humaneval_delta']:+.3f} "
+            f"| {s['guard_p_value']:.3f} | {s['heldout_pass1']:.3f} | {s['kl_start_last5']:.4f} "
+            f"| {s['entropy_last5']:.3f} | {s['rl_step_seconds']:.0f} |"
         )
-        if point["step"] == FINAL_STEP:
-            finals[point["arm"]] = t
     dpo_val = points[0]["scores"]["dpo"]["val"]
     lines += ["", f"DPO (every arm's start): val pass@1 {sum(dpo_val.values()) / len(dpo_val):.3f}.", ""]
-    if set(finals) != set(ARMS):
+    decided = decision(summaries)
+    if decided is None:
+        finals = {s["algo"] for s in summaries if s["step"] == FINAL_STEP}
         lines.append(
-            f"Decision: waiting for {sorted(set(ARMS) - set(finals))} at {FINAL_STEP * ROLLOUTS_PER_STEP} "
+            f"Decision: waiting for {sorted(set(ARMS) - finals)} at {FINAL_STEP * ROLLOUTS_PER_STEP} "
             "rollouts (Holm runs over all three arms)."
         )
         return "\n".join(lines) + "\n"
-    rejected = holm({arm: t["val"].p_value for arm, t in finals.items()})
-    for arm, t in finals.items():
-        claimed = rejected[arm] and t["guard"].p_value < ALPHA
-        verdict = (
-            "beats DPO"
-            if claimed
-            else ("passes Holm, fails the HumanEval guard" if rejected[arm] else "no change detected")
-        )
+    finals = {s["algo"]: s for s in summaries if s["step"] == FINAL_STEP}
+    for arm, d in decided.items():
         lines.append(
-            f"- {arm} at {FINAL_STEP * ROLLOUTS_PER_STEP} rollouts: p {t['val'].p_value:.4f}, Holm "
-            f"{'rejects' if rejected[arm] else 'keeps'} H0: {verdict}."
+            f"- {arm} at {FINAL_STEP * ROLLOUTS_PER_STEP} rollouts: p {finals[arm]['p_value']:.4f}, Holm "
+            f"{'rejects' if d['holm_rejects'] else 'keeps'} H0: {d['verdict']}."
         )
     return "\n".join(lines) + "\n"
+
+
+def curve_rows(summaries: list[dict]) -> list[dict]:
+    """DVC plot rows (dvc.yaml, "RL budget curve"): one per budget, ``{"rollouts": r, <arm>: Δ or None}``."""
+    budgets = sorted({s["rollouts"] for s in summaries})
+    delta = {(s["algo"], s["rollouts"]): s["delta"] for s in summaries}
+    return [{"rollouts": r, **{arm: delta.get((arm, r)) for arm in ARMS}} for r in budgets]
+
+
+def plot_curve(summaries: list[dict], path: Path) -> None:
+    """PNG: Δ val pass@1 against rollouts (log scale), one line per arm with its 95% intervals as error bars, and
+    the zero line (DPO)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.axhline(0.0, color="black", linewidth=0.8, label="DPO (the start)")
+    for arm in ARMS:
+        rows = sorted((s for s in summaries if s["algo"] == arm), key=lambda s: s["rollouts"])
+        if rows:
+            xs, ys = [s["rollouts"] for s in rows], [s["delta"] for s in rows]
+            err = [[s["delta"] - s["interval"][0] for s in rows], [s["interval"][1] - s["delta"] for s in rows]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
+    budgets = sorted({s["rollouts"] for s in summaries})
+    ax.set(xscale="log", xlabel="rollouts (answers trained on)", ylabel="Δ val pass@1 vs DPO (95% CI)")
+    ax.set_xticks(budgets)
+    ax.set_xticklabels([str(b) for b in budgets])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_curve(points: list[dict], folder: Path) -> str:
+    """table.md, points.json (``{"points": [summary ...], "decision": ..., "dpo_val_pass1": ...}``), curve.json (DVC
+    plot rows) and curve.png in `folder`; returns the table."""
+    summaries = [summary(point) for point in points]
+    text = table(points)
+    dpo_val = points[0]["scores"]["dpo"]["val"]
+    record = {
+        "protocol": points[0]["claim"]["protocol"],
+        "dpo_val_pass1": sum(dpo_val.values()) / len(dpo_val),
+        "points": summaries,
+        "decision": decision(summaries),
+    }
+    (folder / "table.md").write_text(text)
+    (folder / "points.json").write_text(json.dumps(record, indent=1) + "\n")
+    (folder / "curve.json").write_text(json.dumps(curve_rows(summaries), indent=1) + "\n")
+    plot_curve(summaries, folder / "curve.png")
+    return text
 
 
 PRECHECK_STEP = 31  # 496 rollouts
@@ -223,7 +319,7 @@ def precheck_table(folder: Path) -> str:
             lines.append(f"| {control} | not yet | | | | | |")
             continue
         point = json.loads(path.read_text())
-        t = tests(point)
+        t = point_tests(point)
         rl_val = sum(point["scores"]["didpo"]["val"].values()) / len(point["scores"]["didpo"]["val"])
         deltas[control] = t["val"].effect
         lines.append(
@@ -309,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     point = sub.add_parser("point", help="evaluate the policy ARM's run kept after STEP and record it")
     point.add_argument("arm", choices=ARMS)
     point.add_argument("step", type=int)
-    sub.add_parser("table", help="write and print docs/results/rl_budget/table.md")
+    sub.add_parser("table", help="write docs/results/rl_budget/{table.md,points.json,curve.json,curve.png}")
     sub.add_parser("drift", help="write and print docs/results/rl_budget/drift/drift.md")
     precheck = sub.add_parser("precheck", help="evaluate didpo's 31-step run with CONTROL at 4 answers and record it")
     precheck.add_argument("control", choices=CONTROLS)
@@ -321,9 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text, end="")
         return 0
     if args.command == "table":
-        text = table(load_points())
-        (OUT / "table.md").write_text(text)
-        print(text, end="")
+        print(write_curve(load_points(), OUT), end="")
         return 0
     from restore_run import rebuild_merged
 

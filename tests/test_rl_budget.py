@@ -132,3 +132,35 @@ def test_the_precheck_picks_the_larger_gain_and_group_on_a_tie(tmp_path):
     (tmp_path / "group.json").write_text(json.dumps(point("didpo", 31, [0.5] * 8, samples=4, expected=4)))
     text = rl_budget.precheck_table(tmp_path)
     assert "| group | 0.500 | +0.000" in text and "Choice: `start_policy` runs the curve" in text
+
+
+def test_the_curve_files_list_every_point_with_its_test_and_the_decision(tmp_path, monkeypatch):
+    monkeypatch.setattr(rl_budget, "OUT", tmp_path)
+    for arm, step, vals in (("rft", 6, [0.75] * 8), ("rft", 94, [0.0] * 8), ("grpo", 94, [0.5] * 8)):
+        (tmp_path / arm).mkdir(exist_ok=True)
+        (tmp_path / arm / f"step_{step:04d}.json").write_text(json.dumps(point(arm, step, vals)))
+    rl_budget.write_curve(rl_budget.load_points(), tmp_path)
+    record = json.loads((tmp_path / "points.json").read_text())
+    rft6, rft94, grpo94 = record["points"]
+    # every problem +0.25 (or -0.5): sd 0, so the interval is the Clopper-Pearson floor 1 - 0.025^(1/8) = 0.3694
+    # either side; exact sign-flip p 1/256 (or 1 for RL better)
+    assert (rft6["algo"], rft6["rollouts"], rft6["delta"]) == ("rft", 96, 0.25)
+    assert rft6["interval"] == pytest.approx([0.25 - 0.3694, 0.25 + 0.3694], abs=1e-4)
+    assert rft6["p_value"] == pytest.approx(1 / 256) and rft6["humaneval_delta"] == 0.0
+    assert rft94["delta"] == -0.5 and rft94["interval"][1] == pytest.approx(-0.5 + 0.3694, abs=1e-4)
+    assert rft94["p_value"] == 1.0 and grpo94["delta"] == 0.0
+    assert record["dpo_val_pass1"] == 0.5 and record["decision"] is None  # didpo's final point is missing
+    assert json.loads((tmp_path / "curve.json").read_text()) == [
+        {"rollouts": 96, "rft": 0.25, "grpo": None, "didpo": None},
+        {"rollouts": 1504, "rft": -0.5, "grpo": 0.0, "didpo": None},
+    ]
+    from PIL import Image
+
+    with Image.open(tmp_path / "curve.png") as image:
+        assert image.size == (640, 400) and len(image.getcolors(1 << 16)) > 10  # drawn, not blank
+    (tmp_path / "didpo").mkdir()
+    (tmp_path / "didpo" / "step_0094.json").write_text(json.dumps(point("didpo", 94, [0.5] * 8)))
+    decided = rl_budget.decision([rl_budget.summary(p) for p in rl_budget.load_points()])
+    assert decided["rft"] == {"holm_rejects": False, "guard_passes": False, "claimed": False,
+                              "verdict": "worse than DPO (interval below 0)"}  # fmt: skip
+    assert decided["grpo"]["verdict"] == "no change detected"
