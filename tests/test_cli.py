@@ -320,3 +320,36 @@ def test_the_quick_paths_settings_are_valid_params(tmp_path):
     assert params.evaluate.checkpoints == ("base", "didpo")  # the decision's incumbent and candidate
     assert params.evaluate.max_new_tokens == default.evaluate.max_new_tokens
     assert params.dpo.max_new_tokens == 128  # DPO's smoke check only; the measured answers keep their budgets
+
+
+def test_run_large_is_the_budget_curves_arm(tmp_path):
+    """`make run-large`'s `LARGE` overrides are settings the configuration accepts and the pre-registered arm of the RL
+    budget curve (docs/results/rl_budget/preregistration.md; scripts/rl_budget.py's constants): 94 steps of 16
+    rollouts, the policy kept after 6, 31 and 94, 96 problems screened, DPO and RL evaluated at 16 answers."""
+    import importlib.util
+    import re
+    import shutil
+    from pathlib import Path
+
+    import yaml
+    from dvc.utils.hydra import apply_overrides
+
+    from tasks.config import parse_params
+
+    root = Path(__file__).resolve().parents[1]
+    large = re.search(r"^LARGE := (.*?)(?<!\\)\n", (root / "Makefile").read_text(), re.S | re.M).group(1)
+    fixed = [o for o in re.findall(r"-S '?([^\s']+)'?", large) if "$(" not in o]  # not the ALGO= one
+    overrides = fixed + ["didpo.algo=grpo"]  # what ALGO=grpo adds
+    assert len(overrides) == 6
+    trial = tmp_path / "params.yaml"
+    shutil.copyfile(root / "params.yaml", trial)
+    apply_overrides(trial, overrides)
+    params = parse_params(yaml.safe_load(trial.read_text()), "LARGE")
+    spec = importlib.util.spec_from_file_location("rl_budget", root / "scripts/rl_budget.py")
+    rl_budget = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rl_budget)
+    rollouts = params.didpo.prompts_per_step * params.didpo.group_size
+    assert (params.didpo.steps, rollouts) == (rl_budget.FINAL_STEP, rl_budget.ROLLOUTS_PER_STEP) == (94, 16)
+    assert tuple(params.didpo.keep_steps) == (6, 31, 94) and params.didpo.screen_problems == 96
+    assert params.evaluate.n_samples == rl_budget.SAMPLES and params.evaluate.checkpoints == ("dpo", "didpo")
+    assert params.didpo.algo == "grpo"
