@@ -3,6 +3,7 @@ keeps its policy at steps 6, 31 and 94 (``didpo.keep_steps``); each kept point i
 it started from, and the table applies the pre-registered decision.
 
     python scripts/rl_budget.py point ARM STEP   # in the workspace of ARM's run: evaluate its policy after STEP
+    python scripts/rl_budget.py point ARM STEP --record-only   # record the evaluation already made (checked)
     python scripts/rl_budget.py table            # docs/results/rl_budget/ table.md, points.json, curve.json and
                                                  # curve.png from every recorded point
     python scripts/rl_budget.py drift            # docs/results/rl_budget/drift/drift.md from the drift runs
@@ -21,7 +22,8 @@ start over the last 5 steps, entropy, groups with zero spread, rows left out, du
 margin -0.03: p < 0.05 means not worse by 0.03), and the primary hypotheses (every arm at 1,504 rollouts) with Holm's
 step-down procedure at family-wise alpha 0.05. The claim is made only when all three arms are recorded.
 
-Errors (a message, exit status 2): no kept point for STEP, an evaluation protocol other than the pre-registered one.
+Errors (a message, exit status 2): no kept point for STEP, an evaluation protocol other than the pre-registered one,
+``--record-only`` on an evaluation of another checkpoint or older than it.
 """
 
 from __future__ import annotations
@@ -58,26 +60,27 @@ def holm(p_values: dict[str, float], alpha: float = ALPHA) -> dict[str, bool]:
 
 def training_figures(history: list[dict], step: int) -> dict:
     """The run's figures up to and including `step` from its per-step history (``data/didpo/history.json``'s rows):
-    KL to start and entropy as the mean over the last `LAST_STEPS` steps that updated the policy (a step with
-    nothing to train on, e.g. rft's groups without a passing answer, measures neither), the number of steps that
-    updated, the mean share of groups with zero reward spread, the rows left out of the update and duplicates merged
-    (sums), and the RL steps' seconds (sum).
+    KL to start and entropy, each as the mean over the last `LAST_STEPS` steps that measured it (a step with nothing
+    to train on, e.g. rft's groups without a passing answer, measures neither; a grpo step whose groups all have zero
+    reward spread measures KL to start but no entropy, as no row reaches the loss), the number of steps that ran an
+    update (KL measured), the mean share of groups with zero reward spread, the rows left out of the update and
+    duplicates merged (sums), and the RL steps' seconds (sum).
 
     Raises ValueError when the history stops before `step`."""
     rows = [row for row in history if row["step"] <= step]
     if not rows or rows[-1]["step"] != step:
         raise ValueError(f"the run's history stops at step {rows[-1]['step'] if rows else 0}, before {step}")
     updated = [row for row in rows if "didpo/kl_start" in row]
-    last = updated[-LAST_STEPS:]
 
-    def mean(key, of):
-        return sum(row[key] for row in of) / len(of) if of else float("nan")
+    def last_mean(key):
+        of = [row[key] for row in rows if key in row][-LAST_STEPS:]
+        return sum(of) / len(of) if of else float("nan")
 
     return {
-        "kl_start_last5": mean("didpo/kl_start", last),
-        "entropy_last5": mean("didpo/entropy", last),
+        "kl_start_last5": last_mean("didpo/kl_start"),
+        "entropy_last5": last_mean("didpo/entropy"),
         "steps_updated": len(updated),
-        "frac_zero_std_groups": mean("didpo/frac_zero_std_groups", rows),
+        "frac_zero_std_groups": sum(row["didpo/frac_zero_std_groups"] for row in rows) / len(rows),
         "rows_zero_advantage": sum(row.get("didpo/rows_zero_advantage", 0) for row in rows),
         "duplicate_rows": sum(row.get("didpo/duplicate_rows", 0) for row in rows),
         "rl_step_seconds": sum(row["didpo/step_time_s"] for row in rows),
@@ -399,12 +402,41 @@ def drift_table(folder: Path) -> str:
     return "\n".join(lines + ["", f"Verdict: {drift_verdict(figures)}."]) + "\n"
 
 
+def evaluated_elsewhere(start: Path, adapter: Path, merged: Path, evaluate: Path) -> str | None:
+    """Why ``evaluate``'s figures are not this point's, or None when they are: ``merged`` (the RL checkpoint the
+    evaluation measured) must hold the same weights as `start` merged with `adapter` (rebuilt into a scratch folder and
+    compared by sha256), and ``evaluate/rl_claim.json`` must be newer than ``merged``."""
+    import tempfile
+
+    from restore_run import rebuild_merged
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    claim, weights = evaluate / "rl_claim.json", merged / "model.safetensors"
+    if not claim.is_file() or not weights.is_file():
+        return f"no evaluation ({claim}) or no RL checkpoint ({weights})"
+    if claim.stat().st_mtime < weights.stat().st_mtime:
+        return f"{claim} is older than {weights}"
+    with tempfile.TemporaryDirectory(dir=merged.parent) as tmp:
+        rebuilt = rebuild_merged(start, adapter, Path(tmp) / "merged")
+        if digest(rebuilt / "model.safetensors") != digest(weights):
+            return f"{merged} is not {start} merged with {adapter}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     point = sub.add_parser("point", help="evaluate the policy ARM's run kept after STEP and record it")
     point.add_argument("arm", choices=ARMS)
     point.add_argument("step", type=int)
+    point.add_argument(
+        "--record-only",
+        action="store_true",
+        help="record the evaluation already in data/evaluate (after a failed record step); refused unless the RL "
+        "checkpoint it measured is this adapter's merge and the evaluation is newer than it",
+    )
     sub.add_parser("table", help="write docs/results/rl_budget/{table.md,points.json,curve.json,curve.png}")
     sub.add_parser("drift", help="write and print docs/results/rl_budget/drift/drift.md")
     precheck = sub.add_parser("precheck", help="evaluate didpo's 31-step run with CONTROL at 4 answers and record it")
@@ -432,9 +464,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sha = hashlib.sha256((adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
-    rebuild_merged(DPO_CHECKPOINT / "merged", adapter, DIDPO_CHECKPOINT / "merged")
-    subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], check=True)
     evaluate = Path("data/evaluate")
+    if getattr(args, "record_only", False):
+        stale = evaluated_elsewhere(DPO_CHECKPOINT / "merged", adapter, DIDPO_CHECKPOINT / "merged", evaluate)
+        if stale:
+            print(f"error: --record-only: {stale}; run `point {args.arm} {step}` without it", file=sys.stderr)
+            return 2
+    else:
+        rebuild_merged(DPO_CHECKPOINT / "merged", adapter, DIDPO_CHECKPOINT / "merged")
+        subprocess.run([sys.executable, "-m", "flows.cli", "stage", "evaluate"], check=True)
     history = json.loads(Path("data/didpo/history.json").read_text())["history"]
     try:
         record = point_record(

@@ -161,3 +161,32 @@ def test_git_tracked_outputs_an_interrupted_run_deleted_are_checked_out(tmp_path
     assert Path("data/s/history.json").read_text() == '{"loss": [1.0]}'
     assert Path("data/s/headline.json").read_text() == '{"eval_loss": 0.5}'
     assert Path("data/s/new.json").read_text() == "{}"
+
+
+def test_rl_budget_record_only_accepts_only_this_adapters_fresh_evaluation(trained, tmp_path, monkeypatch):
+    """`scripts/rl_budget.py point ARM STEP --record-only` records an evaluation already made only when the RL
+    checkpoint it measured is the start merged with this adapter (rebuilt and compared) and the evaluation is newer."""
+    import os
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("rl_budget", ROOT / "scripts/rl_budget.py")
+    rl_budget = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rl_budget)
+    merged, evaluate = tmp_path / "didpo/merged", tmp_path / "evaluate"
+    shutil.copytree(trained / "trained/merged", merged)
+    evaluate.mkdir()
+    (evaluate / "rl_claim.json").write_text("{}")
+    adapter = trained / "trained/adapter"
+    assert rl_budget.evaluated_elsewhere(trained / "base", adapter, merged, evaluate) is None
+    assert sorted(p.name for p in merged.parent.iterdir()) == ["merged"]  # the scratch rebuild is gone
+    changed = tmp_path / "changed"
+    shutil.copytree(adapter, changed)
+    tensors = load_file(changed / "adapter_model.safetensors")
+    tensors[next(k for k in sorted(tensors) if "lora_B" in k)][0, 0] += 1e-3
+    save_file(tensors, changed / "adapter_model.safetensors", metadata={"format": "pt"})
+    assert "is not" in rl_budget.evaluated_elsewhere(trained / "base", changed, merged, evaluate)
+    weights = (merged / "model.safetensors").stat().st_mtime
+    os.utime(evaluate / "rl_claim.json", (weights - 60, weights - 60))
+    assert "is older than" in rl_budget.evaluated_elsewhere(trained / "base", adapter, merged, evaluate)
+    (evaluate / "rl_claim.json").unlink()
+    assert "no evaluation" in rl_budget.evaluated_elsewhere(trained / "base", adapter, merged, evaluate)

@@ -42,6 +42,12 @@ def test_training_figures_average_the_last_five_updating_steps_before_the_point(
     fig = rl_budget.training_figures(rows, 6)
     assert fig["steps_updated"] == 4 and fig["kl_start_last5"] == pytest.approx(0.025)  # steps 1..4
     assert fig["rows_zero_advantage"] == 8 and fig["rl_step_seconds"] == 60.0
+    # step 6 of grpo with every group at zero spread: KL to start measured, no row reached the loss (no entropy)
+    rows = history(8)
+    del rows[5]["didpo/entropy"]
+    fig = rl_budget.training_figures(rows, 6)
+    assert fig["kl_start_last5"] == pytest.approx(0.04) and fig["steps_updated"] == 6  # steps 2..6, as above
+    assert fig["entropy_last5"] == pytest.approx(0.7)  # steps 1..5: 1 - 0.1 x 3
     with pytest.raises(ValueError, match="stops at step 8, before 9"):
         rl_budget.training_figures(history(8), 9)
 
