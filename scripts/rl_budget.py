@@ -194,12 +194,26 @@ def decision(summaries: list[dict]) -> dict[str, dict] | None:
     return out
 
 
-def table(points: list[dict]) -> str:
-    """Markdown: one row per recorded point, then the decision at 1,504 rollouts (Holm over the arms)."""
-    first = points[0]["claim"]
+def curve_record(points: list[dict]) -> dict:
+    """What points.json holds: the protocol, the DPO start's val pass@1, every point's `summary` and the `decision`
+    (None while an arm's final point is missing)."""
+    summaries = [summary(point) for point in points]
+    dpo_val = points[0]["scores"]["dpo"]["val"]
+    return {
+        "protocol": points[0]["claim"]["protocol"],
+        "engine": points[0]["claim"]["engine"],
+        "dpo_val_pass1": sum(dpo_val.values()) / len(dpo_val),
+        "points": summaries,
+        "decision": decision(summaries),
+    }
+
+
+def table(record: dict) -> str:
+    """Markdown of a `curve_record`: one row per point, then the decision at 1,504 rollouts (Holm over the arms)."""
+    summaries = record["points"]
     lines = [
-        f"Val: {first['n_problems']} problems x {SAMPLES} answers (protocol {first['protocol']}, {first['engine']}); "
-        "Δ = RL - DPO, one-sided paired sign-flip p (RL better), 95% interval, "
+        f"Val: {summaries[0]['n_problems']} problems x {SAMPLES} answers (protocol {record['protocol']}, "
+        f"{record['engine']}); Δ = RL - DPO, one-sided paired sign-flip p (RL better), 95% interval, "
         f"MDE at alpha 0.05 and power 0.8. HumanEval guard: non-inferiority at margin {GUARD_MARGIN}, greedy, 164 "
         "problems. KL and entropy: mean of the last 5 steps before the point.",
         "",
@@ -207,7 +221,6 @@ def table(points: list[dict]) -> str:
         "| KL to start | entropy | RL seconds |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    summaries = [summary(point) for point in points]
     for s in summaries:
         lines.append(
             f"| {s['algo']} | {s['rollouts']} | {s['val_pass1']:.3f} | {s['delta']:+.3f} [{s['interval'][0]:+.3f}, "
@@ -215,18 +228,15 @@ def table(points: list[dict]) -> str:
             f"| {s['guard_p_value']:.3f} | {s['heldout_pass1']:.3f} | {s['kl_start_last5']:.4f} "
             f"| {s['entropy_last5']:.3f} | {s['rl_step_seconds']:.0f} |"
         )
-    dpo_val = points[0]["scores"]["dpo"]["val"]
-    lines += ["", f"DPO (every arm's start): val pass@1 {sum(dpo_val.values()) / len(dpo_val):.3f}.", ""]
-    decided = decision(summaries)
-    if decided is None:
-        finals = {s["algo"] for s in summaries if s["step"] == FINAL_STEP}
+    lines += ["", f"DPO (every arm's start): val pass@1 {record['dpo_val_pass1']:.3f}.", ""]
+    finals = {s["algo"]: s for s in summaries if s["step"] == FINAL_STEP}
+    if record["decision"] is None:
         lines.append(
-            f"Decision: waiting for {sorted(set(ARMS) - finals)} at {FINAL_STEP * ROLLOUTS_PER_STEP} "
+            f"Decision: waiting for {sorted(set(ARMS) - set(finals))} at {FINAL_STEP * ROLLOUTS_PER_STEP} "
             "rollouts (Holm runs over all three arms)."
         )
         return "\n".join(lines) + "\n"
-    finals = {s["algo"]: s for s in summaries if s["step"] == FINAL_STEP}
-    for arm, d in decided.items():
+    for arm, d in record["decision"].items():
         lines.append(
             f"- {arm} at {FINAL_STEP * ROLLOUTS_PER_STEP} rollouts: p {finals[arm]['p_value']:.4f}, Holm "
             f"{'rejects' if d['holm_rejects'] else 'keeps'} H0: {d['verdict']}."
@@ -271,21 +281,14 @@ def plot_curve(summaries: list[dict], path: Path) -> None:
 
 
 def write_curve(points: list[dict], folder: Path) -> str:
-    """table.md, points.json (``{"points": [summary ...], "decision": ..., "dpo_val_pass1": ...}``), curve.json (DVC
-    plot rows) and curve.png in `folder`; returns the table."""
-    summaries = [summary(point) for point in points]
-    text = table(points)
-    dpo_val = points[0]["scores"]["dpo"]["val"]
-    record = {
-        "protocol": points[0]["claim"]["protocol"],
-        "dpo_val_pass1": sum(dpo_val.values()) / len(dpo_val),
-        "points": summaries,
-        "decision": decision(summaries),
-    }
+    """table.md, points.json (the `curve_record`), curve.json (DVC plot rows) and curve.png in `folder`; returns the
+    table."""
+    record = curve_record(points)
+    text = table(record)
     (folder / "table.md").write_text(text)
     (folder / "points.json").write_text(json.dumps(record, indent=1) + "\n")
-    (folder / "curve.json").write_text(json.dumps(curve_rows(summaries), indent=1) + "\n")
-    plot_curve(summaries, folder / "curve.png")
+    (folder / "curve.json").write_text(json.dumps(curve_rows(record["points"]), indent=1) + "\n")
+    plot_curve(record["points"], folder / "curve.png")
     return text
 
 

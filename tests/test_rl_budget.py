@@ -82,11 +82,11 @@ def test_the_decision_waits_for_all_arms_then_applies_holm(tmp_path, monkeypatch
     for arm in ("rft", "grpo"):
         (tmp_path / arm).mkdir()
         (tmp_path / arm / "step_0094.json").write_text(json.dumps(point(arm, 94, gains[arm])))
-    text = rl_budget.table(rl_budget.load_points())
+    text = rl_budget.table(rl_budget.curve_record(rl_budget.load_points()))
     assert "| rft | 1504 | 0.750 | +0.250" in text and "waiting for ['didpo']" in text
     (tmp_path / "didpo").mkdir()
     (tmp_path / "didpo" / "step_0094.json").write_text(json.dumps(point("didpo", 94, gains["didpo"])))
-    text = rl_budget.table(rl_budget.load_points())
+    text = rl_budget.table(rl_budget.curve_record(rl_budget.load_points()))
     # rft: all 8 problems +0.25, exact sign-flip p = 1/256 <= 0.05/3; grpo: no change (p = 1); didpo one worse
     # ... but its HumanEval guard cannot pass on 2 unchanged problems: every change +0.03 over the margin, exact
     # sign-flip p = 1/4
@@ -166,7 +166,7 @@ def test_the_curve_files_list_every_point_with_its_test_and_the_decision(tmp_pat
         assert image.size == (640, 400) and len(image.getcolors(1 << 16)) > 10  # drawn, not blank
     (tmp_path / "didpo").mkdir()
     (tmp_path / "didpo" / "step_0094.json").write_text(json.dumps(point("didpo", 94, [0.5] * 8)))
-    decided = rl_budget.decision([rl_budget.summary(p) for p in rl_budget.load_points()])
+    decided = rl_budget.curve_record(rl_budget.load_points())["decision"]
     assert decided["rft"] == {"holm_rejects": False, "guard_passes": False, "claimed": False,
                               "verdict": "worse than DPO (interval below 0)"}  # fmt: skip
     assert decided["grpo"]["verdict"] == "no change detected"
