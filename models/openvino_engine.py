@@ -230,13 +230,10 @@ def _patch(donor: Path, weights: dict[str, np.ndarray], manifest: dict, tmp: Pat
         if donor_tensors[name] == sha:
             continue
         array = weights[name]
-        found = constants.get(f"self.{name}")
-        if found is None or found[1] != array.shape:
-            raise ValueError(f"{name} {array.shape}: no fp32 constant of that name and shape in {donor}")
-        offset, size = found[0], array.size * 4
-        if hashlib.sha256(buffer[offset : offset + size].tobytes()).hexdigest() != donor_tensors[name]:
+        span = _constant_bytes(constants, name, array.shape, donor)
+        if hashlib.sha256(buffer[span].tobytes()).hexdigest() != donor_tensors[name]:
             raise ValueError(f"{name}: the constant in {donor} is not the donor's tensor verbatim")
-        buffer[offset : offset + size] = np.ascontiguousarray(array, dtype=np.float32).view(np.uint8).reshape(-1)
+        buffer[span] = np.ascontiguousarray(array, dtype=np.float32).view(np.uint8).reshape(-1)
     buffer.tofile(tmp / "openvino_model.bin")
 
 
@@ -316,14 +313,8 @@ class OpenVINOSampler:
         xml, buffer, constants, tokenizer = self._weights
         n = 0
         for name, tensor in merged_weights(model, adapted_only=True):
-            found = constants.get(f"self.{name}")
-            if found is None or found[1] != tuple(tensor.shape):
-                raise ValueError(
-                    f"{name} {tuple(tensor.shape)}: no fp32 constant of that name and shape in {self.ir_dir}"
-                )
-            offset, shape = found
-            size = int(np.prod(shape)) * 4
-            buffer[offset : offset + size].view(np.float32).reshape(shape)[...] = tensor.detach().float().cpu().numpy()
+            span = _constant_bytes(constants, name, tuple(tensor.shape), self.ir_dir)
+            buffer[span].view(np.float32).reshape(tensor.shape)[...] = tensor.detach().float().cpu().numpy()
             n += 1
         self.pipe = openvino_genai.LLMPipeline(
             xml, ov.Tensor(buffer, shared_memory=True), tokenizer, "CPU", **self.options
@@ -416,6 +407,20 @@ class OpenVINOSampler:
         return Completion(
             text, extract_code(text), list(prompt_ids), tokens, [math.nan] * len(tokens), reason, sequence_logp
         )
+
+
+def _constant_bytes(constants: dict, name: str, shape: tuple[int, ...], ir: Path) -> slice:
+    """The byte span, in the IR's weight buffer, of parameter `name`'s fp32 constant (``self.<name>``, torch layout).
+
+    Raises:
+        ValueError: no constant of that name and shape in the IR at `ir` (another architecture, or a full fine-tune
+            whose norms were folded by the exporter).
+    """
+    found = constants.get(f"self.{name}")
+    if found is None or found[1] != tuple(shape):
+        raise ValueError(f"{name} {tuple(shape)}: no fp32 constant of that name and shape in {ir}")
+    offset = found[0]
+    return slice(offset, offset + int(np.prod(shape)) * 4)
 
 
 def _named_constants(xml: str) -> dict[str, tuple[int, tuple[int, ...]]]:
