@@ -114,7 +114,7 @@ ablation: setup
 # The larger RL budget: one arm of the budget curve (docs/results/rl_budget/preregistration.md), 94 RL steps (1,504
 # rollouts) from the default run's DPO checkpoint, the policy also kept after steps 6 and 31, the pool screened from 96
 # problems, DPO and RL evaluated with 16 answers per val problem. ALGO= picks the algorithm (params.yaml's by default).
-# On 2 cores: RL 55-90 min, evaluation about 50 min (DPO's is cached after the first).
+# On 2 cores: RL 54 min (rft), 89 min (didpo), 97 min (grpo); evaluation about 50 min (DPO's is cached after the first).
 LARGE := -S didpo.steps=94 -S 'didpo.keep_steps=[6,31,94]' -S didpo.screen_problems=96 -S evaluate.n_samples=16 \
 	-S 'evaluate.checkpoints=[dpo,didpo]' $(if $(ALGO),-S didpo.algo=$(ALGO))
 run-large: setup
